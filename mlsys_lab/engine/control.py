@@ -1,0 +1,88 @@
+"""Control flow: ``cond`` — both branches in a traced graph, only the taken one when eager."""
+
+import numpy as np
+
+from ..errors import DTypeError, GraphError
+from . import dtypes
+from .registry import AVal, Op, register
+from .tensor import Tensor, apply, as_tensor, no_grad
+
+
+def _cond_infer(pred, *operands, true_graph, false_graph):
+    if pred.dtype != dtypes.bool_ or int(np.prod(pred.shape)) != 1:
+        raise DTypeError(f"cond: the predicate must be a single bool, got "
+                         f"{pred.dtype}{list(pred.shape)}")
+    outs = []
+    for g in (true_graph, false_graph):
+        try:
+            (aval,) = g.infer(*operands)
+        except Exception as e:
+            raise GraphError(f"cond: branch {g.name} does not accept the operands: {e}") from None
+        outs.append(aval)
+    if tuple(outs[0].shape) != tuple(outs[1].shape) or outs[0].dtype != outs[1].dtype:
+        raise GraphError(f"cond: the branches return different types: {true_graph.name} gives "
+                         f"{outs[0].dtype}{list(outs[0].shape)}, {false_graph.name} gives "
+                         f"{outs[1].dtype}{list(outs[1].shape)}")
+    return AVal(tuple(outs[0].shape), outs[0].dtype)
+
+
+def _cond_compute(pred, *operands, true_graph, false_graph):
+    g = true_graph if bool(np.asarray(pred).reshape(())) else false_graph
+    with no_grad():
+        return g(*operands).data
+
+
+def _cond_vjp(g, xs, y, needs, true_graph, false_graph):
+    from .transform import vjp_graph
+
+    pred, operands = xs[0], xs[1:]
+    tg, fg = vjp_graph(true_graph), vjp_graph(false_graph)
+    grads = [None]
+    for i, need in enumerate(needs[1:]):
+        if not need or not dtypes.is_float(operands[i].dtype):
+            grads.append(None)
+            continue
+        grads.append(cond(pred, _pick(tg, i), _pick(fg, i), *operands, g))
+    return tuple(grads)
+
+
+def _pick(graph, i):
+    def branch(*args):
+        return graph(*args)[i]
+    branch.__name__ = f"{graph.name}_{i}"
+    return branch
+
+
+def _cond_jvp(ts, xs, y, true_graph, false_graph):
+    from .transform import jvp_graph
+
+    operands = xs[1:]
+    tans = [t if t is not None else Tensor._wrap(np.zeros(x.shape, x.dtype))
+            for t, x in zip(ts[1:], operands)]
+    tg, fg = jvp_graph(true_graph), jvp_graph(false_graph)
+    return cond(xs[0], lambda *a: tg(*a), lambda *a: fg(*a), *operands, *tans)
+
+
+COND = register(Op("cond", _cond_compute, _cond_infer, _cond_vjp, _cond_jvp))
+
+
+def cond(pred, true_fn, false_fn, *operands):
+    """``true_fn(*operands) if pred else false_fn(*operands)``, as one graph node when traced.
+
+    Eagerly, only the taken branch runs (and only it is on the tape: the dynamic graph). While
+    tracing, both branches are traced into subgraphs and recorded in a ``cond`` node (the static
+    graph); they must return tensors of the same shape and dtype.
+    """
+    from .trace import trace_branch
+
+    ts = [as_tensor(o) for o in operands]
+    p = as_tensor(pred)
+    if not p.is_tracer and not any(t.is_tracer for t in ts):
+        if p.dtype != dtypes.bool_ or p.size != 1:
+            raise DTypeError(f"cond: the predicate must be a single bool, got "
+                             f"{p.dtype}{list(p.shape)}")
+        return as_tensor((true_fn if bool(p.data.reshape(())) else false_fn)(*ts))
+    avals = [AVal(t.shape, t.dtype) for t in ts]
+    tg = trace_branch(true_fn, avals, getattr(true_fn, "__name__", "true_fn"))
+    fg = trace_branch(false_fn, avals, getattr(false_fn, "__name__", "false_fn"))
+    return apply(COND, p, *ts, true_graph=tg, false_graph=fg)

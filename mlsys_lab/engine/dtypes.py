@@ -1,0 +1,69 @@
+"""Dtypes: the ones mlsys_lab supports, their short names, and how binary ops promote them."""
+
+import numpy as np
+
+from ..errors import DTypeError
+
+SUPPORTED = tuple(np.dtype(d) for d in
+                  ("bool", "uint8", "int32", "int64", "float16", "float32", "float64"))
+SHORT = {"bool": "bool", "uint8": "u8", "int32": "i32", "int64": "i64",
+         "float16": "f16", "float32": "f32", "float64": "f64"}
+_RANK = {np.dtype(d): i for i, d in enumerate(
+    ("bool", "uint8", "int32", "int64", "float16", "float32", "float64"))}
+
+float32 = np.dtype("float32")
+float64 = np.dtype("float64")
+float16 = np.dtype("float16")
+int32 = np.dtype("int32")
+int64 = np.dtype("int64")
+uint8 = np.dtype("uint8")
+bool_ = np.dtype("bool")
+
+
+def as_dtype(d, op="tensor"):
+    """Normalise ``d`` (a name, numpy dtype or type) to a supported numpy dtype."""
+    try:
+        dt = np.dtype(d)
+    except TypeError as e:
+        raise DTypeError(f"{op}: {d!r} is not a dtype") from e
+    if dt not in _RANK:
+        names = ", ".join(SHORT)
+        raise DTypeError(f"{op}: dtype {dt} is not supported (supported: {names})")
+    return dt
+
+
+def short(dt):
+    """Short name used when printing the IR: float32 -> f32."""
+    return SHORT.get(np.dtype(dt).name, np.dtype(dt).name)
+
+
+def is_float(dt):
+    return np.dtype(dt).kind == "f"
+
+
+def promote(a, b):
+    """Result dtype of a binary elementwise op (PyTorch-like: any float beats any integer)."""
+    if a == b:
+        return a
+    fa, fb = is_float(a), is_float(b)
+    if fa != fb:
+        return a if fa else b
+    return a if _RANK[a] >= _RANK[b] else b
+
+
+def default_dtype_for(value):
+    """The dtype a Python value becomes: floats -> float32, ints -> int64, bools -> bool."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool_
+    if isinstance(value, (int, np.integer)):
+        return int64
+    return float32
+
+
+def weak_dtype(scalar, other):
+    """dtype a Python scalar takes next to a tensor of dtype ``other`` (scalars are 'weak')."""
+    if isinstance(scalar, (bool, np.bool_)):
+        return other
+    if isinstance(scalar, (int, np.integer)):
+        return other if other != bool_ else int64
+    return other if is_float(other) else float32

@@ -1,0 +1,353 @@
+"""Elementwise ops: arithmetic with numpy broadcasting, unary math, comparisons, where, cast.
+
+Each op is defined once (kernel, shape/dtype rule, VJP, JVP). VJP rules receive
+``(g, inputs, out, needs, **attrs)`` — ``needs[i]`` says whether input i wants a gradient — and
+are written with framework ops, so they can be differentiated again.
+"""
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from . import dtypes
+from .registry import AVal, Op, register
+from .tensor import apply
+
+
+def broadcast_shapes(op, *shapes):
+    """numpy's broadcasting rule, raising a ShapeError that names ``op`` and the shapes."""
+    ndim = max(len(s) for s in shapes)
+    out = []
+    for i in range(-ndim, 0):
+        dim = 1
+        for s in shapes:
+            d = s[i] if -i <= len(s) else 1
+            if d != 1:
+                if dim != 1 and d != dim:
+                    shown = " and ".join(str(tuple(s)) for s in shapes)
+                    raise ShapeError(f"{op}: cannot broadcast shapes {shown}")
+                dim = d
+        out.append(dim)
+    return tuple(out)
+
+
+def unbroadcast(g, shape):
+    """Sum ``g`` back to ``shape`` (the gradient rule of numpy broadcasting)."""
+    shape = tuple(shape)
+    if g.shape == shape:
+        return g
+    lead = len(g.shape) - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
+    s = sum(g, axes) if axes else g
+    return reshape(s, shape) if s.shape != shape else s
+
+
+def tsum(*terms):
+    """Sum of the tangent terms that are not None (None means a zero tangent)."""
+    terms = [t for t in terms if t is not None]
+    if not terms:
+        return None
+    out = terms[0]
+    for t in terms[1:]:
+        out = out + t
+    return out
+
+
+def _defop(name, compute, infer, vjp=None, jvp=None, elementwise=False):
+    return register(Op(name, compute, infer, vjp, jvp, elementwise))
+
+
+# --- shape/dtype rules ------------------------------------------------------------------------
+def _binary(name, out_dtype=None):
+    def infer(a, b):
+        shape = broadcast_shapes(name, a.shape, b.shape)
+        dt = dtypes.promote(a.dtype, b.dtype)
+        return AVal(shape, out_dtype(dt) if out_dtype else dt)
+    return infer
+
+
+def _unary_float(name):
+    def infer(x):
+        if not dtypes.is_float(x.dtype):
+            raise DTypeError(f"{name}: expects a floating tensor, got {x.dtype}; "
+                             f"convert with ml.ops.cast(x, 'float32')")
+        return AVal(x.shape, x.dtype)
+    return infer
+
+
+def _unary_any(x):
+    return AVal(x.shape, x.dtype)
+
+
+def _to_float(dt):
+    return dt if dtypes.is_float(dt) else dtypes.float32
+
+
+# --- binary arithmetic ------------------------------------------------------------------------
+def _m(t, f):
+    return None if t is None else f(t)
+
+
+ADD = _defop("add", np.add, _binary("add"),
+             lambda g, xs, y, n: (unbroadcast(g, xs[0].shape) if n[0] else None,
+                                  unbroadcast(g, xs[1].shape) if n[1] else None),
+             lambda ts, xs, y: tsum(*ts), elementwise=True)
+SUB = _defop("sub", np.subtract, _binary("sub"),
+             lambda g, xs, y, n: (unbroadcast(g, xs[0].shape) if n[0] else None,
+                                  unbroadcast(-g, xs[1].shape) if n[1] else None),
+             lambda ts, xs, y: tsum(ts[0], _m(ts[1], neg)), elementwise=True)
+MUL = _defop("mul", np.multiply, _binary("mul"),
+             lambda g, xs, y, n: (unbroadcast(g * xs[1], xs[0].shape) if n[0] else None,
+                                  unbroadcast(g * xs[0], xs[1].shape) if n[1] else None),
+             lambda ts, xs, y: tsum(_m(ts[0], lambda t: t * xs[1]),
+                                    _m(ts[1], lambda t: xs[0] * t)), elementwise=True)
+DIV = _defop("div", np.true_divide, _binary("div", _to_float),
+             lambda g, xs, y, n: (unbroadcast(g / xs[1], xs[0].shape) if n[0] else None,
+                                  unbroadcast(-g * y / xs[1], xs[1].shape) if n[1] else None),
+             lambda ts, xs, y: tsum(_m(ts[0], lambda t: t / xs[1]),
+                                    _m(ts[1], lambda t: -t * y / xs[1])), elementwise=True)
+
+
+def _pow_vjp(g, xs, y, n):
+    a, b = xs
+    ga = unbroadcast(g * b * a ** (b - 1), a.shape) if n[0] else None
+    gb = unbroadcast(g * y * log(a), b.shape) if n[1] else None
+    return ga, gb
+
+
+POW = _defop("pow", np.power, _binary("pow"), _pow_vjp,
+             lambda ts, xs, y: tsum(_m(ts[0], lambda t: t * xs[1] * xs[0] ** (xs[1] - 1)),
+                                    _m(ts[1], lambda t: t * y * log(xs[0]))), elementwise=True)
+
+
+def _select_vjp(first_wins):
+    def vjp(g, xs, y, n):
+        a, b = xs
+        mask = (a >= b) if first_wins else (a <= b)
+        return (unbroadcast(where(mask, g, 0.0), a.shape) if n[0] else None,
+                unbroadcast(where(mask, 0.0, g), b.shape) if n[1] else None)
+    return vjp
+
+
+def _select_jvp(first_wins):
+    def jvp(ts, xs, y):
+        a, b = xs
+        mask = (a >= b) if first_wins else (a <= b)
+        ta = ts[0] if ts[0] is not None else zeros_like(a)
+        tb = ts[1] if ts[1] is not None else zeros_like(b)
+        return where(mask, ta, tb)
+    return jvp
+
+
+MAXIMUM = _defop("maximum", np.maximum, _binary("maximum"), _select_vjp(True), _select_jvp(True),
+                 elementwise=True)
+MINIMUM = _defop("minimum", np.minimum, _binary("minimum"), _select_vjp(False),
+                 _select_jvp(False), elementwise=True)
+
+# --- comparisons (no gradient) ----------------------------------------------------------------
+_CMP = {}
+for _name, _fn in (("eq", np.equal), ("ne", np.not_equal), ("lt", np.less),
+                   ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal)):
+    _CMP[_name] = _defop(_name, _fn, _binary(_name, lambda dt: dtypes.bool_), elementwise=True)
+
+
+# --- unary ------------------------------------------------------------------------------------
+def _sigmoid_np(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def _relu_np(x):
+    return np.maximum(x, 0)
+
+
+NEG = _defop("neg", np.negative, _unary_any, lambda g, xs, y, n: (-g,),
+             lambda ts, xs, y: -ts[0], elementwise=True)
+EXP = _defop("exp", np.exp, _unary_float("exp"), lambda g, xs, y, n: (g * y,),
+             lambda ts, xs, y: ts[0] * y, elementwise=True)
+LOG = _defop("log", np.log, _unary_float("log"), lambda g, xs, y, n: (g / xs[0],),
+             lambda ts, xs, y: ts[0] / xs[0], elementwise=True)
+SQRT = _defop("sqrt", np.sqrt, _unary_float("sqrt"), lambda g, xs, y, n: (g * 0.5 / y,),
+              lambda ts, xs, y: ts[0] * 0.5 / y, elementwise=True)
+TANH = _defop("tanh", np.tanh, _unary_float("tanh"), lambda g, xs, y, n: (g * (1.0 - y * y),),
+              lambda ts, xs, y: ts[0] * (1.0 - y * y), elementwise=True)
+SIGMOID = _defop("sigmoid", _sigmoid_np, _unary_float("sigmoid"),
+                 lambda g, xs, y, n: (g * y * (1.0 - y),),
+                 lambda ts, xs, y: ts[0] * y * (1.0 - y), elementwise=True)
+SIN = _defop("sin", np.sin, _unary_float("sin"), lambda g, xs, y, n: (g * cos(xs[0]),),
+             lambda ts, xs, y: ts[0] * cos(xs[0]), elementwise=True)
+COS = _defop("cos", np.cos, _unary_float("cos"), lambda g, xs, y, n: (-g * sin(xs[0]),),
+             lambda ts, xs, y: -ts[0] * sin(xs[0]), elementwise=True)
+RELU = _defop("relu", _relu_np, _unary_any, lambda g, xs, y, n: (where(xs[0] > 0, g, 0.0),),
+              lambda ts, xs, y: where(xs[0] > 0, ts[0], 0.0), elementwise=True)
+ABS = _defop("abs", np.abs, _unary_any, lambda g, xs, y, n: (g * sign(xs[0]),),
+             lambda ts, xs, y: ts[0] * sign(xs[0]), elementwise=True)
+SIGN = _defop("sign", np.sign, _unary_any, elementwise=True)
+
+
+# --- where and cast ---------------------------------------------------------------------------
+def _where_infer(c, a, b):
+    if c.dtype != dtypes.bool_:
+        raise DTypeError(f"where: the condition must be bool, got {c.dtype}")
+    shape = broadcast_shapes("where", c.shape, a.shape, b.shape)
+    return AVal(shape, dtypes.promote(a.dtype, b.dtype))
+
+
+def _where_vjp(g, xs, y, n):
+    c, a, b = xs
+    return (None,
+            unbroadcast(where(c, g, 0.0), a.shape) if n[1] else None,
+            unbroadcast(where(c, 0.0, g), b.shape) if n[2] else None)
+
+
+def _where_jvp(ts, xs, y):
+    c, a, b = xs
+    if ts[1] is None and ts[2] is None:
+        return None
+    ta = ts[1] if ts[1] is not None else zeros_like(a)
+    tb = ts[2] if ts[2] is not None else zeros_like(b)
+    return where(c, ta, tb)
+
+
+WHERE = _defop("where", np.where, _where_infer, _where_vjp, _where_jvp, elementwise=True)
+
+
+def _cast_infer(x, dtype):
+    return AVal(x.shape, dtypes.as_dtype(dtype, "cast"))
+
+
+def _cast_vjp(g, xs, y, n, dtype):
+    return (cast(g, xs[0].dtype) if dtypes.is_float(xs[0].dtype) else None,)
+
+
+def _cast_jvp(ts, xs, y, dtype):
+    return cast(ts[0], dtype) if dtypes.is_float(dtype) else None
+
+
+CAST = _defop("cast", lambda x, dtype: x.astype(dtype), _cast_infer, _cast_vjp, _cast_jvp,
+              elementwise=True)
+
+
+# --- the public functions ---------------------------------------------------------------------
+def add(a, b):
+    """Elementwise ``a + b`` with numpy broadcasting."""
+    return apply(ADD, a, b)
+
+
+def sub(a, b):
+    """Elementwise ``a - b``."""
+    return apply(SUB, a, b)
+
+
+def mul(a, b):
+    """Elementwise ``a * b``."""
+    return apply(MUL, a, b)
+
+
+def div(a, b):
+    """Elementwise true division ``a / b`` (integers divide to float32)."""
+    return apply(DIV, a, b)
+
+
+def pow(a, b):  # noqa: A001 - numpy's name
+    """Elementwise ``a ** b``."""
+    return apply(POW, a, b)
+
+
+def maximum(a, b):
+    """Elementwise maximum (gradient goes to ``a`` on ties)."""
+    return apply(MAXIMUM, a, b)
+
+
+def minimum(a, b):
+    """Elementwise minimum (gradient goes to ``b`` on ties)."""
+    return apply(MINIMUM, a, b)
+
+
+def eq(a, b):
+    return apply(_CMP["eq"], a, b)
+
+
+def ne(a, b):
+    return apply(_CMP["ne"], a, b)
+
+
+def lt(a, b):
+    return apply(_CMP["lt"], a, b)
+
+
+def le(a, b):
+    return apply(_CMP["le"], a, b)
+
+
+def gt(a, b):
+    return apply(_CMP["gt"], a, b)
+
+
+def ge(a, b):
+    return apply(_CMP["ge"], a, b)
+
+
+def neg(x):
+    return apply(NEG, x)
+
+
+def exp(x):
+    return apply(EXP, x)
+
+
+def log(x):
+    return apply(LOG, x)
+
+
+def sqrt(x):
+    return apply(SQRT, x)
+
+
+def tanh(x):
+    return apply(TANH, x)
+
+
+def sigmoid(x):
+    """Logistic function 1 / (1 + e^-x)."""
+    return apply(SIGMOID, x)
+
+
+def sin(x):
+    return apply(SIN, x)
+
+
+def cos(x):
+    return apply(COS, x)
+
+
+def relu(x):
+    """max(x, 0) elementwise."""
+    return apply(RELU, x)
+
+
+def abs(x):  # noqa: A001
+    return apply(ABS, x)
+
+
+def sign(x):
+    return apply(SIGN, x)
+
+
+def where(cond, a, b):
+    """Elementwise ``a if cond else b``."""
+    return apply(WHERE, cond, a, b)
+
+
+def cast(x, dtype):
+    """Convert ``x`` to ``dtype`` (e.g. a uint8 image to float32)."""
+    return apply(CAST, x, dtype=dtypes.as_dtype(dtype, "cast"))
+
+
+def zeros_like(x):
+    from .tensor import Tensor
+
+    return Tensor._wrap(np.zeros(x.shape, x.dtype))
+
+
+# Reductions and shape ops live in ops_shape; imported here for the rules above.
+from .ops_shape import reshape, sum  # noqa: E402

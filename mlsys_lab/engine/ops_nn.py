@@ -1,0 +1,435 @@
+"""Neural-network ops: softmax family, losses, convolution, pooling, dropout."""
+
+import numpy as np
+
+from ..errors import DTypeError, OpError, ShapeError
+from . import dtypes
+from .ops_math import cast, exp, sqrt, tsum
+from .ops_shape import mean, reshape, sum
+from .registry import AVal, Op, register
+from .tensor import apply
+
+
+def _defop(name, compute, infer, vjp=None, jvp=None):
+    return register(Op(name, compute, infer, vjp, jvp))
+
+
+def _float_infer(name):
+    def infer(x, **attrs):
+        if not dtypes.is_float(x.dtype):
+            raise DTypeError(f"{name}: expects a floating tensor, got {x.dtype}")
+        if "axis" in attrs and not -len(x.shape) <= attrs["axis"] < len(x.shape):
+            raise ShapeError(f"{name}: axis {attrs['axis']} out of range for {tuple(x.shape)}")
+        return AVal(x.shape, x.dtype)
+    return infer
+
+
+# --- softmax family ---------------------------------------------------------------------------
+def _softmax_np(x, axis):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _log_softmax_np(x, axis):
+    z = x - np.max(x, axis=axis, keepdims=True)
+    return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
+
+
+SOFTMAX = _defop("softmax", _softmax_np, _float_infer("softmax"),
+                 lambda g, xs, y, n, axis: (y * (g - sum(g * y, axis, True)),),
+                 lambda ts, xs, y, axis: y * (ts[0] - sum(ts[0] * y, axis, True)))
+LOG_SOFTMAX = _defop("log_softmax", _log_softmax_np, _float_infer("log_softmax"),
+                     lambda g, xs, y, n, axis: (g - exp(y) * sum(g, axis, True),),
+                     lambda ts, xs, y, axis: ts[0] - sum(exp(y) * ts[0], axis, True))
+
+
+# --- losses -----------------------------------------------------------------------------------
+def _one_hot_infer(t, num_classes, dtype):
+    if t.dtype.kind not in "iu":
+        raise DTypeError(f"one_hot: labels must be integers, got {t.dtype}")
+    return AVal(tuple(t.shape) + (num_classes,), dtypes.as_dtype(dtype))
+
+
+def _one_hot_np(t, num_classes, dtype):
+    if t.size and (t.min() < 0 or t.max() >= num_classes):
+        raise OpError(f"one_hot: labels must lie in [0, {num_classes}), got min {t.min()} "
+                      f"max {t.max()}")
+    return (t[..., None] == np.arange(num_classes)).astype(dtype)
+
+
+ONE_HOT = _defop("one_hot", _one_hot_np, _one_hot_infer)
+
+
+def _ce_infer(x, t):
+    if not dtypes.is_float(x.dtype):
+        raise DTypeError(f"cross_entropy: logits must be floating, got {x.dtype}")
+    if t.dtype.kind not in "iu":
+        raise DTypeError(f"cross_entropy: targets must be integer class ids, got {t.dtype}")
+    if len(x.shape) != 2 or tuple(t.shape) != (x.shape[0],):
+        raise ShapeError(f"cross_entropy: expects logits (N, C) and targets (N,), got "
+                         f"{tuple(x.shape)} and {tuple(t.shape)}")
+    return AVal((), x.dtype)
+
+
+def _ce_np(x, t):
+    n, c = x.shape
+    if t.size and (t.min() < 0 or t.max() >= c):
+        raise OpError(f"cross_entropy: targets must lie in [0, {c}), got min {t.min()} "
+                      f"max {t.max()}")
+    lp = _log_softmax_np(x, 1)
+    return -lp[np.arange(n), t].mean()
+
+
+def _ce_dlogits(x, t):
+    return (softmax(x, 1) - one_hot(t, x.shape[1], x.dtype)) / float(x.shape[0])
+
+
+CROSS_ENTROPY = _defop("cross_entropy", _ce_np, _ce_infer,
+                       lambda g, xs, y, n: (_ce_dlogits(*xs) * g, None),
+                       lambda ts, xs, y: None if ts[0] is None
+                       else sum(_ce_dlogits(*xs) * ts[0]))
+
+
+def _mse_infer(p, t):
+    if tuple(p.shape) != tuple(t.shape):
+        raise ShapeError(f"mse_loss: prediction {tuple(p.shape)} and target {tuple(t.shape)} "
+                         f"must have the same shape")
+    if not dtypes.is_float(p.dtype) or p.dtype != t.dtype:
+        raise DTypeError(f"mse_loss: expects equal floating dtypes, got {p.dtype} and {t.dtype}")
+    return AVal((), p.dtype)
+
+
+def _mse_vjp(g, xs, y, n):
+    d = (xs[0] - xs[1]) * (2.0 / max(xs[0].size, 1)) * g
+    return (d if n[0] else None, -d if n[1] else None)
+
+
+MSE_LOSS = _defop("mse_loss", lambda p, t: np.mean((p - t) ** 2), _mse_infer, _mse_vjp,
+                  lambda ts, xs, y: sum((xs[0] - xs[1]) * (2.0 / max(xs[0].size, 1)) *
+                                        tsum(ts[0], None if ts[1] is None else -ts[1])))
+
+
+# --- convolution (NCHW input, OIHW weight) ----------------------------------------------------
+def _pair(v):
+    return (int(v), int(v)) if np.isscalar(v) else (int(v[0]), int(v[1]))
+
+
+def conv_out_size(size, k, stride, pad):
+    return (size + 2 * pad - k) // stride + 1
+
+
+def _conv_infer(x, w, stride, padding):
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise ShapeError(f"conv2d: expects input (N, C, H, W) and weight (O, C, kH, kW), got "
+                         f"{tuple(x.shape)} and {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ShapeError(f"conv2d: input has {x.shape[1]} channels but weight expects "
+                         f"{w.shape[1]} (input {tuple(x.shape)}, weight {tuple(w.shape)})")
+    if x.dtype != w.dtype or not dtypes.is_float(x.dtype):
+        raise DTypeError(f"conv2d: expects equal floating dtypes, got {x.dtype} and {w.dtype}")
+    oh = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0])
+    ow = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1])
+    if oh <= 0 or ow <= 0:
+        raise ShapeError(f"conv2d: kernel {tuple(w.shape[2:])} is larger than the padded input "
+                         f"{tuple(x.shape[2:])} (padding {padding})")
+    return AVal((x.shape[0], w.shape[0], oh, ow), x.dtype)
+
+
+def _windows(x, kh, kw, stride, padding):
+    """(N, C, OH, OW, kh, kw) view of the padded input's sliding windows."""
+    ph, pw = padding
+    if ph or pw:
+        x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    win = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))
+    return win[:, :, ::stride[0], ::stride[1]]
+
+
+def _conv_np(x, w, stride, padding):
+    win = _windows(x, w.shape[2], w.shape[3], stride, padding)
+    out = np.tensordot(win, w, axes=((1, 4, 5), (1, 2, 3)))  # (N, OH, OW, O)
+    return np.ascontiguousarray(out.transpose(0, 3, 1, 2))
+
+
+def _conv_grad_input_np(g, w, x_shape, stride, padding):
+    n, c, h, wd = x_shape
+    kh, kw = w.shape[2:]
+    ph, pw = padding
+    oh, ow = g.shape[2:]
+    gx = np.zeros((n, c, h + 2 * ph, wd + 2 * pw), g.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            contrib = np.einsum("nohw,oc->nchw", g, w[:, :, i, j])
+            gx[:, :, i:i + stride[0] * oh:stride[0], j:j + stride[1] * ow:stride[1]] += contrib
+    return gx[:, :, ph:ph + h, pw:pw + wd]
+
+
+def _conv_grad_weight_np(x, g, w_shape, stride, padding):
+    win = _windows(x, w_shape[2], w_shape[3], stride, padding)
+    return np.tensordot(g, win, axes=((0, 2, 3), (0, 2, 3)))  # (O, C, kh, kw)
+
+
+CONV2D = _defop(
+    "conv2d", _conv_np, _conv_infer,
+    lambda g, xs, y, n, stride, padding: (
+        conv2d_grad_input(g, xs[1], xs[0].shape, stride, padding) if n[0] else None,
+        conv2d_grad_weight(xs[0], g, xs[1].shape, stride, padding) if n[1] else None),
+    lambda ts, xs, y, stride, padding: tsum(
+        None if ts[0] is None else _conv(ts[0], xs[1], stride, padding),
+        None if ts[1] is None else _conv(xs[0], ts[1], stride, padding)))
+
+CONV2D_GRAD_INPUT = _defop(
+    "conv2d_grad_input", _conv_grad_input_np,
+    lambda g, w, x_shape, stride, padding: AVal(tuple(x_shape), g.dtype),
+    lambda u, xs, y, n, x_shape, stride, padding: (
+        _conv(u, xs[1], stride, padding) if n[0] else None,
+        conv2d_grad_weight(u, xs[0], xs[1].shape, stride, padding) if n[1] else None),
+    lambda ts, xs, y, x_shape, stride, padding: tsum(
+        None if ts[0] is None else conv2d_grad_input(ts[0], xs[1], x_shape, stride, padding),
+        None if ts[1] is None else conv2d_grad_input(xs[0], ts[1], x_shape, stride, padding)))
+
+CONV2D_GRAD_WEIGHT = _defop(
+    "conv2d_grad_weight", _conv_grad_weight_np,
+    lambda x, g, w_shape, stride, padding: AVal(tuple(w_shape), x.dtype),
+    lambda u, xs, y, n, w_shape, stride, padding: (
+        conv2d_grad_input(xs[1], u, xs[0].shape, stride, padding) if n[0] else None,
+        _conv(xs[0], u, stride, padding) if n[1] else None),
+    lambda ts, xs, y, w_shape, stride, padding: tsum(
+        None if ts[0] is None else conv2d_grad_weight(ts[0], xs[1], w_shape, stride, padding),
+        None if ts[1] is None else conv2d_grad_weight(xs[0], ts[1], w_shape, stride, padding)))
+
+
+def _conv(x, w, stride, padding):
+    return apply(CONV2D, x, w, stride=stride, padding=padding)
+
+
+def conv2d_grad_input(g, w, x_shape, stride, padding):
+    return apply(CONV2D_GRAD_INPUT, g, w, x_shape=tuple(x_shape), stride=stride, padding=padding)
+
+
+def conv2d_grad_weight(x, g, w_shape, stride, padding):
+    return apply(CONV2D_GRAD_WEIGHT, x, g, w_shape=tuple(w_shape), stride=stride,
+                 padding=padding)
+
+
+# --- pooling ----------------------------------------------------------------------------------
+def _pool_infer(name):
+    def infer(x, kernel, stride, padding):
+        if len(x.shape) != 4:
+            raise ShapeError(f"{name}: expects (N, C, H, W), got {tuple(x.shape)}")
+        if not dtypes.is_float(x.dtype):
+            raise DTypeError(f"{name}: expects a floating tensor, got {x.dtype}")
+        oh = conv_out_size(x.shape[2], kernel[0], stride[0], padding[0])
+        ow = conv_out_size(x.shape[3], kernel[1], stride[1], padding[1])
+        if oh <= 0 or ow <= 0:
+            raise ShapeError(f"{name}: window {kernel} larger than input {tuple(x.shape[2:])}")
+        return AVal((x.shape[0], x.shape[1], oh, ow), x.dtype)
+    return infer
+
+
+def _pool_windows(x, kernel, stride, padding, fill):
+    ph, pw = padding
+    if ph or pw:
+        x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
+    win = np.lib.stride_tricks.sliding_window_view(x, kernel, axis=(2, 3))
+    return win[:, :, ::stride[0], ::stride[1]]
+
+
+def _argmax_positions(x, kernel, stride, padding):
+    """Flat indices (into the padded input plane) of each window's first maximum."""
+    win = _pool_windows(x, kernel, stride, padding, -np.inf)
+    n, c, oh, ow = win.shape[:4]
+    k = np.argmax(win.reshape(n, c, oh, ow, -1), axis=-1)
+    ki, kj = np.divmod(k, kernel[1])
+    rows = np.arange(oh)[:, None] * stride[0] + ki
+    cols = np.arange(ow)[None, :] * stride[1] + kj
+    return rows * (x.shape[3] + 2 * padding[1]) + cols
+
+
+def _maxpool_np(x, kernel, stride, padding):
+    return _pool_windows(x, kernel, stride, padding, -np.inf).max(axis=(4, 5))
+
+
+def _maxpool_select_np(u, x, kernel, stride, padding):
+    pos = _argmax_positions(x, kernel, stride, padding)
+    ph, pw = padding
+    up = np.pad(u, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else u
+    flat = up.reshape(up.shape[0], up.shape[1], -1)
+    n, c = pos.shape[:2]
+    return np.take_along_axis(flat, pos.reshape(n, c, -1), axis=2).reshape(pos.shape)
+
+
+def _maxpool_scatter_np(g, x, kernel, stride, padding):
+    pos = _argmax_positions(x, kernel, stride, padding)
+    n, c, h, w = x.shape
+    ph, pw = padding
+    hp, wp = h + 2 * ph, w + 2 * pw
+    out = np.zeros((n * c, hp * wp), g.dtype)
+    base = (np.arange(n * c) * hp * wp)[:, None]
+    np.add.at(out.reshape(-1), (base + pos.reshape(n * c, -1)).ravel(), g.reshape(-1))
+    return out.reshape(n, c, hp, wp)[:, :, ph:ph + h, pw:pw + w]
+
+
+MAX_POOL2D = _defop(
+    "max_pool2d", _maxpool_np, _pool_infer("max_pool2d"),
+    lambda g, xs, y, n, kernel, stride, padding: (
+        apply(MAX_POOL2D_SCATTER, g, xs[0], kernel=kernel, stride=stride, padding=padding),),
+    lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
+        MAX_POOL2D_SELECT, ts[0], xs[0], kernel=kernel, stride=stride, padding=padding))
+MAX_POOL2D_SELECT = _defop(
+    "max_pool2d_select", _maxpool_select_np,
+    lambda u, x, kernel, stride, padding: _pool_infer("max_pool2d")(x, kernel, stride, padding),
+    lambda g, xs, y, n, kernel, stride, padding: (
+        apply(MAX_POOL2D_SCATTER, g, xs[1], kernel=kernel, stride=stride, padding=padding), None),
+    lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
+        MAX_POOL2D_SELECT, ts[0], xs[1], kernel=kernel, stride=stride, padding=padding))
+MAX_POOL2D_SCATTER = _defop(
+    "max_pool2d_scatter", _maxpool_scatter_np,
+    lambda g, x, kernel, stride, padding: AVal(tuple(x.shape), g.dtype),
+    lambda u, xs, y, n, kernel, stride, padding: (
+        apply(MAX_POOL2D_SELECT, u, xs[1], kernel=kernel, stride=stride, padding=padding), None),
+    lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
+        MAX_POOL2D_SCATTER, ts[0], xs[1], kernel=kernel, stride=stride, padding=padding))
+
+
+def _avgpool_np(x, kernel, stride, padding):
+    return _pool_windows(x, kernel, stride, padding, 0.0).mean(axis=(4, 5))
+
+
+def _avgpool_grad_np(g, x_shape, kernel, stride, padding):
+    n, c, h, w = x_shape
+    ph, pw = padding
+    out = np.zeros((n, c, h + 2 * ph, w + 2 * pw), g.dtype)
+    oh, ow = g.shape[2:]
+    share = g / (kernel[0] * kernel[1])
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            out[:, :, i:i + stride[0] * oh:stride[0], j:j + stride[1] * ow:stride[1]] += share
+    return out[:, :, ph:ph + h, pw:pw + w]
+
+
+AVG_POOL2D = _defop(
+    "avg_pool2d", _avgpool_np, _pool_infer("avg_pool2d"),
+    lambda g, xs, y, n, kernel, stride, padding: (
+        apply(AVG_POOL2D_GRAD, g, x_shape=tuple(xs[0].shape), kernel=kernel, stride=stride,
+              padding=padding),),
+    lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
+        AVG_POOL2D, ts[0], kernel=kernel, stride=stride, padding=padding))
+AVG_POOL2D_GRAD = _defop(
+    "avg_pool2d_grad", _avgpool_grad_np,
+    lambda g, x_shape, kernel, stride, padding: AVal(tuple(x_shape), g.dtype),
+    lambda u, xs, y, n, x_shape, kernel, stride, padding: (
+        apply(AVG_POOL2D, u, kernel=kernel, stride=stride, padding=padding),),
+    lambda ts, xs, y, x_shape, kernel, stride, padding: None if ts[0] is None else apply(
+        AVG_POOL2D_GRAD, ts[0], x_shape=x_shape, kernel=kernel, stride=stride, padding=padding))
+
+
+# --- dropout ----------------------------------------------------------------------------------
+def _dropout_np(x, p, seed):
+    keep = np.random.default_rng(seed).random(x.shape) >= p
+    return np.where(keep, x / (1.0 - p), 0).astype(x.dtype)
+
+
+DROPOUT = _defop("dropout", _dropout_np, _float_infer("dropout"),
+                 lambda g, xs, y, n, p, seed: (apply(DROPOUT, g, p=p, seed=seed),),
+                 lambda ts, xs, y, p, seed: None if ts[0] is None
+                 else apply(DROPOUT, ts[0], p=p, seed=seed))
+
+_dropout_rng = np.random.default_rng(0)
+
+
+def manual_seed(seed):
+    """Seed the generator that picks dropout masks (for reproducible notebooks)."""
+    global _dropout_rng
+    _dropout_rng = np.random.default_rng(seed)
+
+
+# --- public functions -------------------------------------------------------------------------
+def softmax(x, axis=-1):
+    """exp(x) / sum(exp(x)) along ``axis`` (numerically stable)."""
+    return apply(SOFTMAX, x, axis=int(axis))
+
+
+def log_softmax(x, axis=-1):
+    """log(softmax(x)) computed stably."""
+    return apply(LOG_SOFTMAX, x, axis=int(axis))
+
+
+def one_hot(labels, num_classes, dtype="float32"):
+    return apply(ONE_HOT, labels, num_classes=int(num_classes), dtype=dtypes.as_dtype(dtype))
+
+
+def cross_entropy(logits, targets):
+    """Mean negative log-likelihood of integer ``targets`` under softmax(``logits``)."""
+    return apply(CROSS_ENTROPY, logits, targets)
+
+
+def mse_loss(pred, target):
+    """Mean squared error."""
+    return apply(MSE_LOSS, pred, target)
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0):
+    """2-D convolution (cross-correlation), NCHW input and OIHW weight, optional bias (O,)."""
+    y = _conv(x, weight, _pair(stride), _pair(padding))
+    if bias is not None:
+        y = y + reshape(bias, (1, -1, 1, 1))
+    return y
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0):
+    """Max over each ``kernel_size`` window (stride defaults to the window size)."""
+    k = _pair(kernel_size)
+    s = k if stride is None else _pair(stride)
+    return apply(MAX_POOL2D, x, kernel=k, stride=s, padding=_pair(padding))
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0):
+    """Mean over each window (zero padding counts towards the mean)."""
+    k = _pair(kernel_size)
+    s = k if stride is None else _pair(stride)
+    return apply(AVG_POOL2D, x, kernel=k, stride=s, padding=_pair(padding))
+
+
+def dropout(x, p=0.5, training=True, seed=None):
+    """Zero each element with probability ``p`` and scale the rest by 1/(1-p).
+
+    The mask is a function of ``seed`` (drawn from the dropout generator when None), so the
+    backward pass and a traced graph reuse exactly the same mask.
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1), got {p}")
+    if not training or p == 0.0:
+        return x
+    if seed is None:
+        seed = int(_dropout_rng.integers(2**31))
+    return apply(DROPOUT, x, p=float(p), seed=int(seed))
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5, axis=-1):
+    """Normalise over ``axis`` to zero mean and unit variance, then scale and shift
+    (a composite of primitive ops)."""
+    mu = mean(x, axis, keepdims=True)
+    d = x - mu
+    var = mean(d * d, axis, keepdims=True)
+    y = d / sqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def batch_norm(x, mean_, var, weight=None, bias=None, eps=1e-5):
+    """Normalise NCHW ``x`` with per-channel statistics, then scale and shift (composite)."""
+    shape = (1, -1) + (1,) * (len(x.shape) - 2)
+    y = (x - reshape(mean_, shape)) / sqrt(reshape(var, shape) + eps)
+    if weight is not None:
+        y = y * reshape(weight, shape)
+    if bias is not None:
+        y = y + reshape(bias, shape)
+    return y
+
+
+__all__ = ["softmax", "log_softmax", "one_hot", "cross_entropy", "mse_loss", "conv2d",
+           "max_pool2d", "avg_pool2d", "dropout", "layer_norm", "batch_norm", "manual_seed",
+           "cast"]

@@ -1,0 +1,442 @@
+"""Shape ops, reductions, indexing and matmul."""
+
+import builtins
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from . import dtypes
+from .registry import AVal, Op, register
+from .tensor import Tensor, apply
+
+
+def _defop(name, compute, infer, vjp=None, jvp=None):
+    return register(Op(name, compute, infer, vjp, jvp))
+
+
+def _lin(f):
+    """JVP rule of an op that is linear in its first input: apply the same op to the tangent."""
+    def jvp(ts, xs, y, **attrs):
+        return None if ts[0] is None else f(ts[0], **attrs)
+    return jvp
+
+
+def norm_axes(op, axis, ndim):
+    """Canonical reduction axes: a sorted tuple of non-negative ints (None = all axes)."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < builtins.max(ndim, 1):
+            raise ShapeError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
+        out.append(int(a) % builtins.max(ndim, 1))
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{op}: repeated axis in {axis}")
+    return tuple(sorted(out))
+
+
+def _reduced_shape(shape, axes, keepdims):
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+# --- identity, reshape, transpose, broadcast_to --------------------------------------------------
+IDENTITY = _defop("identity", lambda x: x, lambda x: x, lambda g, xs, y, n: (g,),
+                  lambda ts, xs, y: ts[0])
+
+
+def _reshape_infer(x, shape):
+    if int(np.prod(x.shape, dtype=np.int64)) != int(np.prod(shape, dtype=np.int64)):
+        raise ShapeError(f"reshape: cannot reshape {tuple(x.shape)} "
+                         f"({int(np.prod(x.shape))} elements) into {tuple(shape)}")
+    return AVal(tuple(shape), x.dtype)
+
+
+RESHAPE = _defop("reshape", lambda x, shape: x.reshape(shape), _reshape_infer,
+                 lambda g, xs, y, n, shape: (reshape(g, xs[0].shape),),
+                 _lin(lambda t, shape: reshape(t, shape)))
+
+
+def _transpose_infer(x, axes):
+    if sorted(axes) != list(range(len(x.shape))):
+        raise ShapeError(f"transpose: axes {axes} are not a permutation of the {len(x.shape)} "
+                         f"axes of {tuple(x.shape)}")
+    return AVal(tuple(x.shape[a] for a in axes), x.dtype)
+
+
+TRANSPOSE = _defop("transpose", lambda x, axes: np.transpose(x, axes), _transpose_infer,
+                   lambda g, xs, y, n, axes: (transpose(g, tuple(np.argsort(axes))),),
+                   _lin(lambda t, axes: transpose(t, axes)))
+
+
+def _bcast_infer(x, shape):
+    if len(shape) < len(x.shape) or broadcast_shapes("broadcast_to", x.shape, shape) != shape:
+        raise ShapeError(f"broadcast_to: cannot broadcast {tuple(x.shape)} to {tuple(shape)}")
+    return AVal(tuple(shape), x.dtype)
+
+
+BROADCAST_TO = _defop("broadcast_to", lambda x, shape: np.broadcast_to(x, shape), _bcast_infer,
+                      lambda g, xs, y, n, shape: (unbroadcast(g, xs[0].shape),),
+                      _lin(lambda t, shape: broadcast_to(t, shape)))
+
+
+# --- reductions -------------------------------------------------------------------------------
+def _reduce_infer(name, float_only=False):
+    def infer(x, axis, keepdims):
+        if float_only and not dtypes.is_float(x.dtype):
+            raise DTypeError(f"{name}: expects a floating tensor, got {x.dtype}")
+        for a in axis:
+            if a >= builtins.max(len(x.shape), 1):
+                raise ShapeError(f"{name}: axis {a} out of range for shape {tuple(x.shape)}")
+        dt = x.dtype if dtypes.is_float(x.dtype) or name == "max" else dtypes.int64
+        if name == "mean":
+            dt = x.dtype
+        return AVal(_reduced_shape(x.shape, axis, keepdims), dt)
+    return infer
+
+
+def _expand(g, x_shape, axis, keepdims):
+    """Reshape a reduced gradient back to rank of ``x`` and broadcast it over the reduced axes."""
+    if not keepdims:
+        g = reshape(g, _reduced_shape(x_shape, axis, True))
+    return broadcast_to(g, x_shape)
+
+
+SUM = _defop("sum", lambda x, axis, keepdims: np.sum(x, axis=axis, keepdims=keepdims),
+             _reduce_infer("sum"),
+             lambda g, xs, y, n, axis, keepdims: (_expand(g, xs[0].shape, axis, keepdims),),
+             _lin(lambda t, axis, keepdims: sum(t, axis, keepdims)))
+
+
+def _count(shape, axis):
+    return int(np.prod([shape[a] for a in axis], dtype=np.int64))
+
+
+MEAN = _defop("mean", lambda x, axis, keepdims: np.mean(x, axis=axis, keepdims=keepdims),
+              _reduce_infer("mean", float_only=True),
+              lambda g, xs, y, n, axis, keepdims: (
+                  _expand(g, xs[0].shape, axis, keepdims) / float(_count(xs[0].shape, axis)),),
+              _lin(lambda t, axis, keepdims: mean(t, axis, keepdims)))
+
+
+def _max_mask(x, y, axis, keepdims):
+    """Where ``x`` attains its max, split evenly among ties (as a float mask)."""
+    hit = cast(eq(x, _expand(y, x.shape, axis, keepdims)), x.dtype)
+    return hit / sum(hit, axis, True)
+
+
+def _max_compute(x, axis, keepdims):
+    if x.size == 0:
+        raise ShapeError(f"max: cannot reduce an empty tensor of shape {x.shape}")
+    return np.max(x, axis=axis, keepdims=keepdims)
+
+
+MAX = _defop("max", _max_compute, _reduce_infer("max"),
+             lambda g, xs, y, n, axis, keepdims: (
+                 _expand(g, xs[0].shape, axis, keepdims) * _max_mask(xs[0], y, axis, keepdims),),
+             lambda ts, xs, y, axis, keepdims: sum(ts[0] * _max_mask(xs[0], y, axis, keepdims),
+                                                   axis, keepdims))
+
+
+def _argmax_infer(x, axis):
+    if axis is not None and not -len(x.shape) <= axis < len(x.shape):
+        raise ShapeError(f"argmax: axis {axis} out of range for shape {tuple(x.shape)}")
+    shape = () if axis is None else tuple(d for i, d in enumerate(x.shape)
+                                         if i != axis % len(x.shape))
+    return AVal(shape, dtypes.int64)
+
+
+ARGMAX = _defop("argmax", lambda x, axis: np.argmax(x, axis=axis), _argmax_infer)
+
+
+# --- joining ----------------------------------------------------------------------------------
+def _concat_infer(*xs, axis):
+    if not xs:
+        raise ShapeError("concatenate: needs at least one tensor")
+    r = len(xs[0].shape)
+    if not -r <= axis < r:
+        raise ShapeError(f"concatenate: axis {axis} out of range for rank {r}")
+    ax = axis % r
+    for x in xs:
+        if len(x.shape) != r or any(a != b for i, (a, b) in enumerate(zip(x.shape, xs[0].shape))
+                                    if i != ax):
+            raise ShapeError(f"concatenate: shapes {[tuple(x.shape) for x in xs]} differ off "
+                             f"axis {axis}")
+        if x.dtype != xs[0].dtype:
+            raise DTypeError(f"concatenate: dtypes differ: {[str(x.dtype) for x in xs]}")
+    shape = list(xs[0].shape)
+    shape[ax] = builtins.sum(x.shape[ax] for x in xs)
+    return AVal(tuple(shape), xs[0].dtype)
+
+
+def _concat_vjp(g, xs, y, n, axis):
+    ax, start, out = axis % len(g.shape), 0, []
+    for x, need in zip(xs, n):
+        size = x.shape[ax]
+        idx = (slice(None),) * ax + (slice(start, start + size),)
+        out.append(getitem(g, idx) if need else None)
+        start += size
+    return tuple(out)
+
+
+def _concat_jvp(ts, xs, y, axis):
+    return concatenate([t if t is not None else _zeros(x) for t, x in zip(ts, xs)], axis)
+
+
+CONCATENATE = _defop("concatenate", lambda *xs, axis: np.concatenate(xs, axis=axis),
+                     _concat_infer, _concat_vjp, _concat_jvp)
+
+
+def _stack_infer(*xs, axis):
+    if not xs:
+        raise ShapeError("stack: needs at least one tensor")
+    for x in xs:
+        if tuple(x.shape) != tuple(xs[0].shape):
+            raise ShapeError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in xs]}")
+    r = len(xs[0].shape) + 1
+    if not -r <= axis < r:
+        raise ShapeError(f"stack: axis {axis} out of range for rank {r}")
+    shape = list(xs[0].shape)
+    shape.insert(axis % r, len(xs))
+    return AVal(tuple(shape), dtypes_common(xs, "stack"))
+
+
+def dtypes_common(xs, op):
+    if any(x.dtype != xs[0].dtype for x in xs):
+        raise DTypeError(f"{op}: dtypes differ: {[str(x.dtype) for x in xs]}")
+    return xs[0].dtype
+
+
+STACK = _defop("stack", lambda *xs, axis: np.stack(xs, axis=axis), _stack_infer,
+               lambda g, xs, y, n, axis: tuple(
+                   getitem(g, (slice(None),) * (axis % len(g.shape)) + (i,)) if need else None
+                   for i, need in enumerate(n)),
+               lambda ts, xs, y, axis: stack(
+                   [t if t is not None else _zeros(x) for t, x in zip(ts, xs)], axis))
+
+
+# --- indexing ---------------------------------------------------------------------------------
+def _index_shape(op, shape, index):
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape, (0,) * len(shape))
+    try:
+        return probe[index].shape
+    except (IndexError, TypeError, ValueError) as e:
+        raise ShapeError(f"{op}: index {_idx_str(index)} is invalid for shape {tuple(shape)}: "
+                         f"{e}") from None
+
+
+def _idx_str(index):
+    def one(i):
+        if isinstance(i, slice):
+            s = f"{'' if i.start is None else i.start}:{'' if i.stop is None else i.stop}"
+            return s + (f":{i.step}" if i.step is not None else "")
+        return "..." if i is Ellipsis else repr(i)
+    return "[" + ", ".join(one(i) for i in index) + "]"
+
+
+GETITEM = _defop("getitem", lambda x, index: x[index],
+                 lambda x, index: AVal(_index_shape("getitem", x.shape, index), x.dtype),
+                 lambda g, xs, y, n, index: (getitem_grad(g, xs[0].shape, index),),
+                 _lin(lambda t, index: getitem(t, index)))
+
+
+def _getitem_grad_compute(g, shape, index):
+    z = np.zeros(shape, g.dtype)
+    z[index] = g
+    return z
+
+
+GETITEM_GRAD = _defop("getitem_grad", _getitem_grad_compute,
+                      lambda g, shape, index: AVal(tuple(shape), g.dtype),
+                      lambda u, xs, y, n, shape, index: (getitem(u, index),),
+                      _lin(lambda t, shape, index: getitem_grad(t, shape, index)))
+
+
+def _take_infer(x, idx, axis):
+    if idx.dtype.kind not in "iu":
+        raise DTypeError(f"take: indices must be integers, got {idx.dtype}")
+    if not -len(x.shape) <= axis < len(x.shape):
+        raise ShapeError(f"take: axis {axis} out of range for shape {tuple(x.shape)}")
+    ax = axis % len(x.shape)
+    return AVal(tuple(x.shape[:ax]) + tuple(idx.shape) + tuple(x.shape[ax + 1:]), x.dtype)
+
+
+def _take_compute(x, idx, axis):
+    n = x.shape[axis]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise ShapeError(f"take: index out of range [{-n}, {n}) on axis {axis} of shape "
+                         f"{x.shape} (got min {idx.min()}, max {idx.max()})")
+    return np.take(x, idx, axis=axis)
+
+
+TAKE = _defop("take", _take_compute, _take_infer,
+              lambda g, xs, y, n, axis: (take_grad(g, xs[1], xs[0].shape, axis), None),
+              lambda ts, xs, y, axis: None if ts[0] is None else take(ts[0], xs[1], axis))
+
+
+def _take_grad_compute(g, idx, shape, axis):
+    z = np.zeros(shape, g.dtype)
+    zm = np.moveaxis(z, axis, 0)
+    gm = np.moveaxis(g, list(range(axis, axis + idx.ndim)), list(range(idx.ndim)))
+    np.add.at(zm, idx, gm)
+    return z
+
+
+TAKE_GRAD = _defop("take_grad", _take_grad_compute,
+                   lambda g, idx, shape, axis: AVal(tuple(shape), g.dtype),
+                   lambda u, xs, y, n, shape, axis: (take(u, xs[1], axis), None),
+                   lambda ts, xs, y, shape, axis: None if ts[0] is None
+                   else take_grad(ts[0], xs[1], shape, axis))
+
+
+# --- pad --------------------------------------------------------------------------------------
+def _pad_infer(x, pad_width, value):
+    if len(pad_width) != len(x.shape) or any(a < 0 or b < 0 for a, b in pad_width):
+        raise ShapeError(f"pad: pad_width {pad_width} does not fit shape {tuple(x.shape)} "
+                         f"(one non-negative (before, after) pair per axis)")
+    return AVal(tuple(d + a + b for d, (a, b) in zip(x.shape, pad_width)), x.dtype)
+
+
+PAD = _defop("pad", lambda x, pad_width, value: np.pad(x, pad_width, constant_values=value),
+             _pad_infer,
+             lambda g, xs, y, n, pad_width, value: (getitem(g, tuple(
+                 slice(a, a + d) for d, (a, b) in zip(xs[0].shape, pad_width))),),
+             lambda ts, xs, y, pad_width, value: None if ts[0] is None
+             else pad(ts[0], pad_width, 0.0))
+
+
+# --- matmul -----------------------------------------------------------------------------------
+def _matmul_infer(a, b):
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ShapeError(f"matmul: expects tensors with at least 2 dims, got {tuple(a.shape)} "
+                         f"@ {tuple(b.shape)}; reshape vectors to (1, n) or (n, 1)")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)} "
+                         f"({a.shape[-1]} != {b.shape[-2]})")
+    if a.dtype != b.dtype:
+        raise DTypeError(f"matmul: dtypes differ: {a.dtype} @ {b.dtype}; cast one with "
+                         f"ml.ops.cast")
+    if a.dtype == dtypes.bool_:
+        raise DTypeError("matmul: bool tensors are not supported")
+    batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+    return AVal(batch + (a.shape[-2], b.shape[-1]), a.dtype)
+
+
+def _mT(x):
+    r = len(x.shape)
+    return transpose(x, tuple(range(r - 2)) + (r - 1, r - 2))
+
+
+MATMUL = _defop("matmul", np.matmul, _matmul_infer,
+                lambda g, xs, y, n: (
+                    unbroadcast(matmul(g, _mT(xs[1])), xs[0].shape) if n[0] else None,
+                    unbroadcast(matmul(_mT(xs[0]), g), xs[1].shape) if n[1] else None),
+                lambda ts, xs, y: tsum(None if ts[0] is None else matmul(ts[0], xs[1]),
+                                        None if ts[1] is None else matmul(xs[0], ts[1])))
+
+
+def _zeros(x):
+    return Tensor._wrap(np.zeros(x.shape, x.dtype))
+
+
+# --- public functions -------------------------------------------------------------------------
+def identity(x):
+    return apply(IDENTITY, x)
+
+
+def reshape(x, shape):
+    """Reshape (one dimension may be -1)."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    xs = x.shape if hasattr(x, "shape") else np.shape(x)
+    if shape.count(-1) == 1:
+        known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        total = int(np.prod(xs, dtype=np.int64))
+        if known == 0 or total % known:
+            raise ShapeError(f"reshape: cannot reshape {tuple(xs)} into {shape}")
+        shape = tuple(total // known if s == -1 else s for s in shape)
+    return apply(RESHAPE, x, shape=shape)
+
+
+def transpose(x, axes=None):
+    """Permute axes (default: reverse them)."""
+    r = len(x.shape if hasattr(x, "shape") else np.shape(x))
+    axes = tuple(reversed(range(r))) if axes is None else tuple(int(a) % builtins.max(r, 1)
+                                                                for a in axes)
+    return apply(TRANSPOSE, x, axes=axes)
+
+
+def broadcast_to(x, shape):
+    return apply(BROADCAST_TO, x, shape=tuple(int(s) for s in shape))
+
+
+def _rank(x):
+    return len(x.shape) if hasattr(x, "shape") else np.ndim(x)
+
+
+def sum(x, axis=None, keepdims=False):  # noqa: A001
+    """Sum over ``axis`` (None = all)."""
+    return apply(SUM, x, axis=norm_axes("sum", axis, _rank(x)), keepdims=bool(keepdims))
+
+
+def mean(x, axis=None, keepdims=False):
+    """Mean over ``axis`` (None = all)."""
+    return apply(MEAN, x, axis=norm_axes("mean", axis, _rank(x)), keepdims=bool(keepdims))
+
+
+def max(x, axis=None, keepdims=False):  # noqa: A001
+    """Maximum over ``axis``; the gradient is split evenly among tied maxima."""
+    return apply(MAX, x, axis=norm_axes("max", axis, _rank(x)), keepdims=bool(keepdims))
+
+
+def argmax(x, axis=None):
+    return apply(ARGMAX, x, axis=axis)
+
+
+def concatenate(tensors, axis=0):
+    """Join tensors along an existing axis."""
+    return apply(CONCATENATE, *tensors, axis=int(axis))
+
+
+def stack(tensors, axis=0):
+    """Join tensors along a new axis."""
+    return apply(STACK, *tensors, axis=int(axis))
+
+
+def getitem(x, index):
+    """Basic indexing ``x[index]`` (ints, slices, None, Ellipsis)."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    return apply(GETITEM, x, index=index)
+
+
+def getitem_grad(g, shape, index):
+    return apply(GETITEM_GRAD, g, shape=tuple(shape), index=index)
+
+
+def take(x, indices, axis=0):
+    """Gather entries of ``x`` along ``axis`` at integer ``indices`` (duplicates allowed)."""
+    return apply(TAKE, x, indices, axis=int(axis))
+
+
+def take_grad(g, indices, shape, axis):
+    return apply(TAKE_GRAD, g, indices, shape=tuple(shape), axis=int(axis))
+
+
+def pad(x, pad_width, value=0.0):
+    """Constant padding; ``pad_width`` holds one (before, after) pair per axis."""
+    r = _rank(x)
+    if isinstance(pad_width, int):
+        pad_width = ((pad_width, pad_width),) * r
+    pw = tuple((int(a), int(b)) for a, b in pad_width)
+    return apply(PAD, x, pad_width=pw, value=float(value))
+
+
+def matmul(a, b):
+    """Matrix product over the last two axes, batch axes broadcast (tensors of rank >= 2)."""
+    return apply(MATMUL, a, b)
+
+
+# The elementwise ops the rules above use (imported last: ops_math imports this module too).
+from .ops_math import broadcast_shapes, cast, eq, tsum, unbroadcast  # noqa: E402

@@ -1,0 +1,72 @@
+"""The op registry: every op is defined once and read by eager mode, tracing, autodiff and passes.
+
+An :class:`Op` bundles the op's name, its shape/dtype rule (``infer``), its numpy reference kernel
+(``compute``), its reverse-mode rule (``vjp``) and forward-mode rule (``jvp``). The rules are written
+with framework ops, so gradients are themselves differentiable. Devices can register further
+kernels (``impls``) that operator selection may choose from.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+
+class AVal(NamedTuple):
+    """Abstract value: what static analysis knows about a tensor (shape and dtype)."""
+
+    shape: tuple
+    dtype: np.dtype
+
+
+@dataclass
+class Op:
+    """One primitive operation.
+
+    Attributes:
+        name: the op's name (numpy/PyTorch style, e.g. ``"matmul"``).
+        compute: numpy kernel ``compute(*arrays, **attrs) -> ndarray``.
+        infer: shape/dtype rule ``infer(*avals, **attrs) -> AVal``; raises ShapeError/DTypeError.
+        vjp: ``vjp(g, inputs, out, **attrs) -> tuple`` of input cotangents (None = no gradient).
+        jvp: ``jvp(tangents, inputs, out, **attrs) -> tangent`` (tangents may hold None = zero).
+        elementwise: output element i depends only on input elements i (fusable).
+        impls: extra kernels by device name, for operator selection.
+    """
+
+    name: str
+    compute: Callable
+    infer: Callable
+    vjp: Callable | None = None
+    jvp: Callable | None = None
+    elementwise: bool = False
+    impls: dict = field(default_factory=dict)
+
+    def __repr__(self):
+        return f"Op({self.name})"
+
+
+REGISTRY: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+    """Add ``op`` to the registry (an op name may be defined only once)."""
+    if op.name in REGISTRY:
+        raise ValueError(f"op {op.name!r} is already registered")
+    REGISTRY[op.name] = op
+    return op
+
+
+def get(name: str) -> Op:
+    """The registered op called ``name``."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no op named {name!r}; known ops: {', '.join(sorted(REGISTRY))}") from None
+
+
+def register_impl(op_name: str, device: str, kernel: Callable, **info):
+    """Register ``kernel`` as an implementation of ``op_name`` on ``device``.
+
+    ``info`` describes what the kernel accepts (dtypes, layouts, limits) for operator selection.
+    """
+    get(op_name).impls[device] = dict(kernel=kernel, **info)

@@ -1,0 +1,315 @@
+"""Tensor, the eager tape, grad mode, and ``apply`` — the single entry point of every op.
+
+``apply(op, *args, **attrs)`` is where the three ways of running an op meet:
+
+* eager: run the numpy kernel now;
+* tracing: if an input is a tracer, emit a node into the graph being built instead;
+* autodiff: if an input requires grad, remember ``(op, inputs, attrs)`` on the output (the tape),
+  and if an input carries a tangent (forward mode), push the tangent through the op's JVP rule.
+"""
+
+import contextlib
+
+import numpy as np
+
+from ..errors import DTypeError, MLSysError, OpError, TraceError
+from . import dtypes
+from .registry import AVal
+
+
+class _Mode:
+    grad_enabled = True
+    forward_depth = 0  # >0 while ml.jvp is running
+    forward_suspended = 0  # >0 while a JVP rule itself runs
+    builders: list = []  # stack of active GraphBuilders (tracing)
+
+
+MODE = _Mode()
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Context manager: ops inside record nothing on the tape (like ``torch.no_grad``)."""
+    prev, MODE.grad_enabled = MODE.grad_enabled, False
+    try:
+        yield
+    finally:
+        MODE.grad_enabled = prev
+
+
+@contextlib.contextmanager
+def enable_grad():
+    """Context manager: record on the tape even inside ``no_grad``."""
+    prev, MODE.grad_enabled = MODE.grad_enabled, True
+    try:
+        yield
+    finally:
+        MODE.grad_enabled = prev
+
+
+def is_grad_enabled():
+    return MODE.grad_enabled
+
+
+class Tensor:
+    """An n-dimensional array that can record how it was computed.
+
+    Attributes:
+        data: the numpy array (``None`` for a tracer, which only knows its shape and dtype).
+        requires_grad: whether gradients flow to this tensor.
+        grad: the accumulated gradient after ``backward()`` (a Tensor), or None.
+        name: optional name, used when printing graphs.
+    """
+
+    __slots__ = ("data", "requires_grad", "grad", "name", "_ctx", "_tangent", "_value",
+                 "_builder", "_freed", "__weakref__")
+    __array_priority__ = 1000
+
+    def __init__(self, data, dtype=None, requires_grad=False, name=None):
+        self.data = _to_array(data, dtype)
+        self.requires_grad = bool(requires_grad)
+        self.grad = None
+        self.name = name
+        self._ctx = None
+        self._tangent = None
+        self._value = None
+        self._builder = None
+        self._freed = False
+        if self.requires_grad and not dtypes.is_float(self.data.dtype):
+            raise DTypeError(f"tensor: only floating tensors can require grad, "
+                                   f"got {self.data.dtype}")
+
+    @classmethod
+    def _wrap(cls, array):
+        t = cls.__new__(cls)
+        t.data, t.requires_grad, t.grad, t.name = array, False, None, None
+        t._ctx = t._tangent = t._value = t._builder = None
+        t._freed = False
+        return t
+
+    # --- what a tensor is -------------------------------------------------------------------
+    @property
+    def shape(self):
+        return self.data.shape if self.data is not None else self._value.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype if self.data is not None else self._value.dtype
+
+    @property
+    def aval(self):
+        return AVal(self.shape, self.dtype)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def device(self):
+        return "cpu"
+
+    @property
+    def is_leaf(self):
+        return self._ctx is None
+
+    @property
+    def is_tracer(self):
+        return self.data is None
+
+    def numpy(self):
+        """The values as a numpy array (shares memory with the tensor)."""
+        if self.data is None:
+            raise TraceError(f"cannot read the values of traced tensor {self._value.name} "
+                             f"{self.shape}: values exist only when the graph runs")
+        return self.data
+
+    def item(self):
+        return self.numpy().item()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a.astype(dtype) if dtype is not None else a
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def detach(self):
+        """A new tensor sharing the data but cut from the tape."""
+        if self.data is None:
+            t = Tensor._wrap(None)
+            t._value, t._builder = self._value, self._builder
+            return t
+        return Tensor._wrap(self.data)
+
+    def requires_grad_(self, flag=True):
+        if flag and not dtypes.is_float(self.dtype):
+            raise DTypeError(f"requires_grad_: only floating tensors can require grad, "
+                                   f"got {self.dtype}")
+        self.requires_grad = bool(flag)
+        return self
+
+    def backward(self, grad=None, retain_graph=False, create_graph=False):
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (reverse mode over the tape)."""
+        from .autodiff import backward
+
+        backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __bool__(self):
+        if self.data is None:
+            raise TraceError(
+                f"a Python `if`/`while`/`bool()` needs the value of traced tensor "
+                f"{self._value.name} {self.shape}, which tracing does not have; use "
+                f"ml.ops.cond(pred, true_fn, false_fn, *operands) for data-dependent branches"
+                f"{_where(self)}")
+        return bool(self.data)
+
+    def __float__(self):
+        return float(self.numpy())
+
+    def __int__(self):
+        return int(self.numpy())
+
+    def __index__(self):
+        return int(self.numpy())
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        if self.data is None:
+            return f"Tracer({self._value.name}: {dtypes.short(self.dtype)}{list(self.shape)})"
+        body = np.array2string(self.data, precision=4, separator=", ", prefix="tensor(")
+        return f"tensor({body}, dtype={self.dtype.name}{extra})"
+
+
+
+def _where(t):
+    v = getattr(t, "_value", None)
+    node = getattr(v, "producer", None)
+    if node is not None and node.source:
+        return f" (value produced at {node.source})"
+    return ""
+
+
+def _to_array(data, dtype=None):
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    if dtype is not None:
+        dt = dtypes.as_dtype(dtype)
+        return np.array(data, dtype=dt)
+    if isinstance(data, np.ndarray):
+        dtypes.as_dtype(data.dtype)
+        return data
+    if isinstance(data, np.generic):
+        return np.asarray(data)
+    arr = np.asarray(data)
+    if arr.dtype.kind == "f":
+        arr = arr.astype(np.float32)
+    elif arr.dtype.kind in "iu" and arr.dtype != np.uint8:
+        arr = arr.astype(np.int64)
+    dtypes.as_dtype(arr.dtype)
+    return arr
+
+
+def tensor(data, dtype=None, requires_grad=False, name=None):
+    """Create a Tensor. Python floats become float32; float64 numpy arrays stay float64."""
+    return Tensor(data, dtype=dtype, requires_grad=requires_grad, name=name)
+
+
+def as_tensor(x, like_dtype=None):
+    """``x`` as a Tensor; Python scalars take a dtype next to ``like_dtype`` (weak typing)."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating)) and like_dtype is not None:
+        return Tensor._wrap(np.asarray(x, dtype=dtypes.weak_dtype(x, like_dtype)))
+    return Tensor(x)
+
+
+def lift(args):
+    """Turn op arguments into Tensors, giving Python scalars the dtype of their tensor peers."""
+    ref = None
+    for a in args:
+        if isinstance(a, (Tensor, np.ndarray)):
+            ref = a.dtype if ref is None else dtypes.promote(ref, np.dtype(a.dtype))
+    if ref is None:
+        ref = dtypes.float32 if any(isinstance(a, float) for a in args) else None
+    return tuple(as_tensor(a, ref if ref is not None else dtypes.default_dtype_for(a))
+                 for a in args)
+
+
+def apply(op, *args, **attrs):
+    """Run ``op`` on ``args`` eagerly, or emit it into the active trace; tape and JVP as needed."""
+    ts = lift(args)
+    builder = None
+    for t in ts:
+        if t._builder is not None:
+            builder = t._builder
+            break
+    if builder is None:
+        out = Tensor._wrap(run_kernel(op, [t.data for t in ts], attrs))
+    else:
+        out = builder.emit(op, ts, attrs)
+    if MODE.grad_enabled and op.vjp is not None:
+        for t in ts:
+            if t.requires_grad:
+                out.requires_grad = True
+                out._ctx = (op, ts, attrs)
+                break
+    if MODE.forward_depth and not MODE.forward_suspended:
+        _push_tangent(op, ts, out, attrs)
+    return out
+
+
+def run_kernel(op, arrays, attrs):
+    """Check shapes/dtypes with ``op.infer``, run ``op.compute`` and return an array of that type."""
+    aval = op.infer(*[AVal(a.shape, a.dtype) for a in arrays], **attrs)
+    try:
+        res = op.compute(*arrays, **attrs)
+    except MLSysError:
+        raise
+    except Exception as e:
+        shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
+        raise OpError(f"{op.name}: kernel failed on inputs ({shapes}): {e}") from e
+    if not isinstance(res, np.ndarray) or res.dtype != aval.dtype:
+        res = np.asarray(res, dtype=aval.dtype)
+    return res
+
+
+
+def _push_tangent(op, ts, out, attrs):
+    if not any(t._tangent is not None for t in ts):
+        return
+    if op.jvp is None:
+        return
+    tangents = tuple(t._tangent if t._tangent is not None else None for t in ts)
+    MODE.forward_suspended += 1
+    try:
+        tan = op.jvp(tangents, ts, out, **attrs)
+    finally:
+        MODE.forward_suspended -= 1
+    out._tangent = conform_tangent(tan, out)
+
+
+def conform_tangent(tan, out):
+    """Broadcast/cast a JVP rule's result to the output's type (None stays None = zero)."""
+    if tan is None:
+        return None
+    from .ops_math import cast
+    from .ops_shape import broadcast_to
+
+    if tuple(tan.shape) != tuple(out.shape):
+        tan = broadcast_to(tan, out.shape)
+    return tan if tan.dtype == out.dtype else cast(tan, out.dtype)

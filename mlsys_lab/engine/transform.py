@@ -1,0 +1,117 @@
+"""Source transformation: reverse-mode and forward-mode autodiff as Graph -> Graph functions.
+
+``grad_graph(g)`` builds a new graph that recomputes g's forward pass and then walks g's nodes
+backwards, emitting each op's VJP rule as new nodes — the same rules the eager tape uses.
+"""
+
+import numpy as np
+
+from ..errors import GraphError
+from . import dtypes
+from .registry import get
+from .tensor import Tensor, conform_tangent, no_grad
+from .trace import GraphBuilder
+
+
+def _reverse(graph, env, seeds, wrt):
+    """Emit VJP nodes for ``graph`` given forward tracers ``env`` and output cotangents."""
+    ct = {}
+    for v, s in zip(graph.outputs, seeds):
+        ct[id(v)] = ct[id(v)] + s if id(v) in ct else s
+    wanted = set(map(id, wrt))
+    useful = set(wanted)
+    for n in graph.nodes:  # values that lie on a path to a wanted input
+        if any(id(v) in useful for v in n.inputs):
+            useful.update(id(o) for o in n.outputs)
+    for n in reversed(graph.nodes):
+        out = n.outputs[0]
+        g = ct.pop(id(out), None)
+        if g is None or id(out) not in useful:
+            continue
+        op = get(n.op)
+        if op.vjp is None:
+            continue
+        ins = [env[id(v)] for v in n.inputs]
+        needs = tuple(id(v) in useful and dtypes.is_float(v.dtype) for v in n.inputs)
+        gs = op.vjp(g, ins, env[id(out)], needs, **n.attrs)
+        for v, gv, need in zip(n.inputs, gs, needs):
+            if gv is not None and need:
+                ct[id(v)] = ct[id(v)] + gv if id(v) in ct else gv
+    return [ct.get(id(v)) for v in wrt]
+
+
+def _forward(graph, builder, inputs):
+    env = {id(v): t for v, t in zip(graph.inputs, inputs)}
+    for v, arr in graph.consts.items():
+        env[id(v)] = Tensor._wrap(arr)
+    from .tensor import apply
+
+    for n in graph.nodes:
+        env[id(n.outputs[0])] = apply(get(n.op), *[env[id(v)] for v in n.inputs], **n.attrs)
+    return env
+
+
+def _zeros(v):
+    return Tensor._wrap(np.zeros(v.shape, v.dtype))
+
+
+def grad_graph(graph, wrt=None, name=None):
+    """The gradient graph of a scalar-output ``graph``.
+
+    Returns a Graph with the same inputs whose outputs are ``(value, d value / d input_i for i in
+    wrt)``. ``wrt`` holds input positions (default: every floating input).
+    """
+    if len(graph.outputs) != 1 or int(np.prod(graph.outputs[0].shape)) != 1:
+        raise GraphError(f"grad_graph: {graph.name} must have one scalar output, has "
+                         f"{[repr(v) for v in graph.outputs]}")
+    wrt = [i for i, v in enumerate(graph.inputs) if dtypes.is_float(v.dtype)] \
+        if wrt is None else list(wrt)
+    b = GraphBuilder(name or f"grad_{graph.name}")
+    with b, no_grad():
+        ins = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
+        env = _forward(graph, b, ins)
+        y = env[id(graph.outputs[0])]
+        seed = Tensor._wrap(np.ones(y.shape, y.dtype))
+        gs = _reverse(graph, env, [seed], [graph.inputs[i] for i in wrt])
+        outs = [y] + [g if g is not None else _zeros(graph.inputs[i]) for g, i in zip(gs, wrt)]
+        return b.build(outs, out_tree=(tuple, [None] * len(outs)))
+
+
+def vjp_graph(graph, name=None):
+    """A graph of ``(*inputs, cotangent)`` returning one cotangent per input (single output)."""
+    b = GraphBuilder(name or f"vjp_{graph.name}")
+    with b, no_grad():
+        ins = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
+        (out,) = graph.outputs
+        ct = b.add_input(out.shape, out.dtype)
+        env = _forward(graph, b, ins)
+        gs = _reverse(graph, env, [ct], graph.inputs)
+        outs = [g if g is not None else _zeros(v) for g, v in zip(gs, graph.inputs)]
+        return b.build(outs, out_tree=(tuple, [None] * len(outs)))
+
+
+def jvp_graph(graph, name=None):
+    """A graph of ``(*inputs, *tangents)`` returning the output tangent (single output)."""
+    b = GraphBuilder(name or f"jvp_{graph.name}")
+    with b, no_grad():
+        ins = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
+        tans = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
+        env = {id(v): t for v, t in zip(graph.inputs, ins)}
+        tan = {id(v): t for v, t in zip(graph.inputs, tans)}
+        for v, arr in graph.consts.items():
+            env[id(v)] = Tensor._wrap(arr)
+        from .tensor import apply
+
+        for n in graph.nodes:
+            op = get(n.op)
+            xs = [env[id(v)] for v in n.inputs]
+            y = apply(op, *xs, **n.attrs)
+            env[id(n.outputs[0])] = y
+            ts = tuple(tan.get(id(v)) for v in n.inputs)
+            if op.jvp is not None and any(t is not None for t in ts):
+                t = conform_tangent(op.jvp(ts, xs, y, **n.attrs), y)
+                if t is not None:
+                    tan[id(n.outputs[0])] = t
+        (out,) = graph.outputs
+        t = tan.get(id(out))
+        return b.build([t if t is not None else _zeros(out)])

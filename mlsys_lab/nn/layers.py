@@ -1,0 +1,195 @@
+"""Standard layers built from ml.ops."""
+
+import numpy as np
+
+from .. import ops
+from ..engine.tensor import Tensor, no_grad
+from ..errors import ShapeError
+from . import init
+from .module import Module, Parameter
+
+
+class Linear(Module):
+    """``y = x @ W + b`` with W of shape (in_features, out_features)."""
+
+    def __init__(self, in_features, out_features, bias=True, rng=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(init.kaiming_uniform((in_features, out_features), rng,
+                                                     gain=1.0))
+        self.bias = Parameter(init.zeros((out_features,))) if bias else None
+
+    def forward(self, x):
+        if x.shape[-1] != self.in_features:
+            raise ShapeError(f"Linear({self.in_features}, {self.out_features}): input has "
+                             f"{x.shape[-1]} features, shape {tuple(x.shape)}")
+        y = ops.matmul(x, self.weight)
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self):
+        return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
+
+
+class Conv2d(Module):
+    """2-D convolution over NCHW input with an OIHW weight."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True,
+                 rng=None):
+        super().__init__()
+        k = (kernel_size, kernel_size) if np.isscalar(kernel_size) else tuple(kernel_size)
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+        self.stride, self.padding = stride, padding
+        self.weight = Parameter(init.kaiming_uniform((out_channels, in_channels) + k, rng,
+                                                     gain=1.0))
+        self.bias = Parameter(init.zeros((out_channels,))) if bias else None
+
+    def forward(self, x):
+        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}")
+
+
+class BatchNorm2d(Module):
+    """Batch normalisation over the channel axis of NCHW input, with running statistics."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.weight = Parameter(init.ones((num_features,)))
+        self.bias = Parameter(init.zeros((num_features,)))
+        self.register_buffer("running_mean", np.zeros(num_features, np.float32))
+        self.register_buffer("running_var", np.ones(num_features, np.float32))
+
+    def forward(self, x):
+        if self.training:
+            axes = (0, 2, 3)
+            mu = ops.mean(x, axes)
+            d = x - ops.reshape(mu, (1, -1, 1, 1))
+            var = ops.mean(d * d, axes)
+            if not x.is_tracer:
+                n = x.size / x.shape[1]
+                m = self.momentum
+                self._set_buffer("running_mean", ((1 - m) * self.running_mean +
+                                                  m * mu.numpy()).astype(np.float32))
+                self._set_buffer("running_var", ((1 - m) * self.running_var +
+                                                 m * var.numpy() * n / max(n - 1, 1))
+                                 .astype(np.float32))
+            return ops.batch_norm(x, mu, var, self.weight, self.bias, self.eps)
+        return ops.batch_norm(x, Tensor._wrap(self.running_mean.astype(x.dtype)),
+                              Tensor._wrap(self.running_var.astype(x.dtype)),
+                              self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_features}"
+
+
+class LayerNorm(Module):
+    """Layer normalisation over the last axis."""
+
+    def __init__(self, normalized_shape, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = Parameter(init.ones((normalized_shape,)))
+        self.bias = Parameter(init.zeros((normalized_shape,)))
+
+    def forward(self, x):
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class Embedding(Module):
+    """A lookup table: integer ids -> rows of ``weight``."""
+
+    def __init__(self, num_embeddings, embedding_dim, rng=None):
+        super().__init__()
+        self.weight = Parameter(init.normal((num_embeddings, embedding_dim), rng, std=1.0))
+
+    def forward(self, ids):
+        return ops.take(self.weight, ids, axis=0)
+
+
+class ReLU(Module):
+    def forward(self, x):
+        return ops.relu(x)
+
+
+class Tanh(Module):
+    def forward(self, x):
+        return ops.tanh(x)
+
+
+class Sigmoid(Module):
+    def forward(self, x):
+        return ops.sigmoid(x)
+
+
+class Dropout(Module):
+    """Zero activations with probability ``p`` while training; identity in eval mode."""
+
+    def __init__(self, p=0.5):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return ops.dropout(x, self.p, training=self.training)
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+class Flatten(Module):
+    """(N, ...) -> (N, prod(...))."""
+
+    def forward(self, x):
+        return ops.reshape(x, (x.shape[0], -1))
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    def forward(self, x):
+        return ops.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+class AvgPool2d(MaxPool2d):
+    def forward(self, x):
+        return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+class Sequential(Module):
+    """Apply layers in order."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            setattr(self, str(i), layer)
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def forward(self, x):
+        for layer in self._modules.values():
+            x = layer(x)
+        return x
+
+
+def cross_entropy(logits, targets):
+    return ops.cross_entropy(logits, targets)
+
+
+def mse_loss(pred, target):
+    return ops.mse_loss(pred, target)
+
+
+__all__ = ["Linear", "Conv2d", "BatchNorm2d", "LayerNorm", "Embedding", "ReLU", "Tanh",
+           "Sigmoid", "Dropout", "Flatten", "MaxPool2d", "AvgPool2d", "Sequential",
+           "cross_entropy", "mse_loss", "no_grad"]

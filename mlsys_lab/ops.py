@@ -1,0 +1,25 @@
+"""Every op of mlsys_lab as a function: ``ml.ops.relu(x)``, ``ml.ops.conv2d(img, w, padding=1)``.
+
+Each is defined once in the op registry (``mlsys_lab.engine.registry.REGISTRY``) and serves eager
+mode, tracing, autodiff and the compiler passes alike.
+"""
+
+from .engine.control import cond
+from .engine.ops_math import (abs, add, cast, cos, div, eq, exp, ge, gt, le, log, lt, maximum,
+                              minimum, mul, ne, neg, pow, relu, sigmoid, sign, sin, sqrt, sub,
+                              tanh, where)
+from .engine.ops_nn import (avg_pool2d, batch_norm, conv2d, cross_entropy, dropout, layer_norm,
+                            log_softmax, manual_seed, max_pool2d, mse_loss, one_hot, softmax)
+from .engine.ops_shape import (argmax, broadcast_to, concatenate, getitem, identity, matmul, max,
+                               mean, pad, reshape, stack, sum, take, transpose)
+
+embedding = take
+
+__all__ = [
+    "abs", "add", "argmax", "avg_pool2d", "batch_norm", "broadcast_to", "cast", "concatenate",
+    "cond", "conv2d", "cos", "cross_entropy", "div", "dropout", "embedding", "eq", "exp", "ge",
+    "getitem", "gt", "identity", "layer_norm", "le", "log", "log_softmax", "lt", "manual_seed",
+    "matmul", "max", "max_pool2d", "maximum", "mean", "minimum", "mse_loss", "mul", "ne", "neg",
+    "one_hot", "pad", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softmax", "sqrt",
+    "stack", "sub", "sum", "take", "tanh", "transpose", "where",
+]

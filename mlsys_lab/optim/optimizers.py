@@ -1,0 +1,119 @@
+"""Optimisers update parameters in place from their ``.grad`` (numpy arithmetic, no tape)."""
+
+import numpy as np
+
+from ..errors import CheckpointError
+
+
+class Optimizer:
+    """Base class: holds parameters, hyper-parameters and per-parameter state arrays."""
+
+    hyper_names = ("lr",)
+    state_names = ()
+
+    def __init__(self, params, **hyper):
+        self.params = list(params)
+        if not self.params:
+            raise ValueError(f"{type(self).__name__}: got an empty parameter list")
+        self.hyper = hyper
+        self.step_count = 0
+        self.state = [{n: np.zeros_like(p.data) for n in self.state_names} for p in self.params]
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        """Apply one update to every parameter that has a gradient."""
+        self.step_count += 1
+        for p, st in zip(self.params, self.state):
+            if p.grad is not None:
+                g = p.grad.data if hasattr(p.grad, "data") else np.asarray(p.grad)
+                self.update(p, g.astype(p.data.dtype, copy=False), st)
+
+    def update(self, p, g, state):
+        raise NotImplementedError
+
+    def state_dict(self):
+        return {"hyper": {k: float(v) if not isinstance(v, bool) else v
+                          for k, v in self.hyper.items()},
+                "step": self.step_count,
+                "state": {str(i): dict(st) for i, st in enumerate(self.state)}}
+
+    def load_state_dict(self, sd):
+        """Restore hyper-parameters and state; validated fully before anything changes."""
+        try:
+            state = [sd["state"][str(i)] for i in range(len(self.params))]
+            hyper, step = dict(sd["hyper"]), int(sd["step"])
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"{type(self).__name__}.load_state_dict: missing {e}") from None
+        for i, (p, st) in enumerate(zip(self.params, state)):
+            for n in self.state_names:
+                if n not in st or np.shape(st[n]) != p.shape:
+                    raise CheckpointError(f"{type(self).__name__}.load_state_dict: state {i}.{n} "
+                                          f"missing or not of shape {p.shape}")
+        self.hyper.update(hyper)
+        self.step_count = step
+        self.state = [{n: np.array(st[n], dtype=p.data.dtype) for n in self.state_names}
+                      for p, st in zip(self.params, state)]
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum, Nesterov and weight decay."""
+
+    state_names = ("momentum_buffer",)
+
+    def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0, nesterov=False):
+        super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         nesterov=nesterov)
+
+    def update(self, p, g, st):
+        h = self.hyper
+        if h["weight_decay"]:
+            g = g + h["weight_decay"] * p.data
+        if h["momentum"]:
+            buf = st["momentum_buffer"]
+            buf *= h["momentum"]
+            buf += g
+            g = g + h["momentum"] * buf if h["nesterov"] else buf
+        p.data -= np.asarray(h["lr"], p.data.dtype) * g
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba) with bias correction; ``weight_decay`` adds L2 to the gradient."""
+
+    state_names = ("m", "v")
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(params, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
+                         weight_decay=weight_decay)
+
+    def update(self, p, g, st):
+        h, t = self.hyper, self.step_count
+        if h["weight_decay"]:
+            g = g + h["weight_decay"] * p.data
+        m, v = st["m"], st["v"]
+        m *= h["beta1"]
+        m += (1 - h["beta1"]) * g
+        v *= h["beta2"]
+        v += (1 - h["beta2"]) * g * g
+        lr_t = h["lr"] * np.sqrt(1 - h["beta2"] ** t) / (1 - h["beta1"] ** t)
+        p.data -= (lr_t * m / (np.sqrt(v) + h["eps"])).astype(p.data.dtype, copy=False)
+
+
+class RMSProp(Optimizer):
+    """RMSProp: divide the gradient by a running RMS of recent gradients."""
+
+    state_names = ("square_avg",)
+
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0):
+        super().__init__(params, lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay)
+
+    def update(self, p, g, st):
+        h = self.hyper
+        if h["weight_decay"]:
+            g = g + h["weight_decay"] * p.data
+        sq = st["square_avg"]
+        sq *= h["alpha"]
+        sq += (1 - h["alpha"]) * g * g
+        p.data -= (h["lr"] * g / (np.sqrt(sq) + h["eps"])).astype(p.data.dtype, copy=False)

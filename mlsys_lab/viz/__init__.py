@@ -1,0 +1,1 @@
+"""mlsys_lab.viz"""
