@@ -1,0 +1,142 @@
+"""Layers, optimisers and checkpoints."""
+
+import numpy as np
+import pytest
+
+import mlsys_lab as ml
+from mlsys_lab import nn, ops
+
+
+def _data(n=128, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] * x[:, 2] > 0).astype(np.int64)
+    return x, y
+
+
+def _mlp(seed=0):
+    return nn.Sequential(nn.Linear(6, 16, rng=seed), nn.ReLU(), nn.Linear(16, 2, rng=seed + 1))
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda p: ml.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4),
+    lambda p: ml.optim.Adam(p, lr=0.01),
+    lambda p: ml.optim.RMSProp(p, lr=0.005),
+])
+def test_small_model_trains_and_loss_falls(make_opt):
+    x, y = _data()
+    model = _mlp()
+    opt = make_opt(model.parameters())
+    losses = []
+    for _ in range(60):
+        loss = ops.cross_entropy(model(ml.tensor(x)), ml.tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.6 * losses[0]
+
+
+def test_sgd_matches_the_update_formula():
+    p = nn.Parameter(np.array([1.0, -2.0], np.float32))
+    opt = ml.optim.SGD([p], lr=0.1, momentum=0.5)
+    for _ in range(2):
+        p.grad = ml.tensor(np.array([1.0, 1.0], np.float32))
+        opt.step()
+    # buf1 = g, p1 = p0 - lr*g; buf2 = 0.5*g + g, p2 = p1 - lr*1.5*g
+    np.testing.assert_allclose(p.numpy(), [1.0 - 0.1 - 0.15, -2.0 - 0.1 - 0.15], rtol=1e-6)
+
+
+def test_module_structure_and_modes():
+    m = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, rng=0), nn.BatchNorm2d(2), nn.ReLU(),
+                      nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(0.5), nn.Linear(8, 3, rng=1))
+    names = [n for n, _ in m.named_parameters()]
+    assert names == ["0.weight", "0.bias", "1.weight", "1.bias", "6.weight", "6.bias"]
+    assert set(m.state_dict()) == set(names) | {"1.running_mean", "1.running_var"}
+    x = ml.tensor(np.random.default_rng(0).standard_normal((4, 1, 4, 4)).astype(np.float32))
+    m.train()
+    m(x).sum().backward()
+    assert all(p.grad is not None for p in m.parameters())
+    m.eval()
+    np.testing.assert_array_equal(m(x).numpy(), m(x).numpy())  # eval: deterministic
+    assert not m[5].training
+
+
+def test_checkpoint_round_trip_is_exact(tmp_path):
+    x, y = _data()
+    model = _mlp()
+    opt = ml.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(3):
+        loss = ops.cross_entropy(model(ml.tensor(x)), ml.tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    path = tmp_path / "ckpt.npz"
+    ml.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3,
+             "note": "hello"}, path)
+    ck = ml.load(path)
+    assert ck["epoch"] == 3 and ck["note"] == "hello"
+    other = _mlp(seed=5)
+    other.load_state_dict(ck["model"])
+    for (n1, p1), (n2, p2) in zip(model.named_parameters(), other.named_parameters()):
+        assert n1 == n2 and np.array_equal(p1.numpy(), p2.numpy())
+    opt2 = ml.optim.Adam(other.parameters(), lr=0.01)
+    opt2.load_state_dict(ck["optim"])
+    for m in (model, other):  # identical next step from identical state
+        loss = ops.cross_entropy(m(ml.tensor(x)), ml.tensor(y))
+        m.zero_grad()
+        loss.backward()
+    opt.step()
+    opt2.step()
+    for p1, p2 in zip(model.parameters(), other.parameters()):
+        np.testing.assert_array_equal(p1.numpy(), p2.numpy())
+    with open(path, "rb") as f:
+        assert b"pickle" not in f.read()
+
+
+def test_truncated_and_corrupted_checkpoints_fail_cleanly(tmp_path):
+    model = _mlp()
+    path = tmp_path / "c.npz"
+    ml.save(model.state_dict(), path)
+    blob = path.read_bytes()
+    (tmp_path / "trunc.npz").write_bytes(blob[: len(blob) // 2])
+    bad = bytearray(blob)
+    mid = len(bad) // 2
+    bad[mid:mid + 64] = bytes(64)
+    (tmp_path / "corrupt.npz").write_bytes(bytes(bad))
+    (tmp_path / "junk.npz").write_bytes(b"not a zip at all")
+    for name in ("trunc.npz", "corrupt.npz", "junk.npz"):
+        with pytest.raises(ml.CheckpointError, match="truncated or corrupted|not an mlsys_lab"):
+            ml.load(tmp_path / name)
+    with pytest.raises(ml.CheckpointError, match="no checkpoint"):
+        ml.load(tmp_path / "missing.npz")
+
+
+def test_bad_state_dict_leaves_model_untouched():
+    model = _mlp()
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    sd = {k: v + 1 for k, v in before.items()}
+    sd["2.weight"] = np.zeros((3, 3), np.float32)  # mis-shaped, after other keys
+    with pytest.raises(ml.CheckpointError, match=r"2\.weight.*\(3, 3\).*\(16, 2\)"):
+        model.load_state_dict(sd)
+    del sd["2.weight"]
+    with pytest.raises(ml.CheckpointError, match="missing keys.*2.weight"):
+        model.load_state_dict(sd)
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
+
+
+def test_partial_loading_for_warm_start():
+    src, dst = _mlp(seed=0), _mlp(seed=9)
+    part = {k: v for k, v in src.state_dict().items() if k.startswith("0.")}
+    missing, unexpected = dst.load_state_dict(part, strict=False)
+    assert missing == ["2.weight", "2.bias"] and unexpected == []
+    np.testing.assert_array_equal(dst[0].weight.numpy(), src[0].weight.numpy())
+    assert not np.array_equal(dst[2].weight.numpy(), src[2].weight.numpy())
+
+
+def test_save_refuses_objects_that_would_need_pickle(tmp_path):
+    with pytest.raises(ml.CheckpointError, match="cannot store"):
+        ml.save({"f": lambda: 1}, tmp_path / "x.npz")
+    with pytest.raises(ml.CheckpointError, match="object array"):
+        ml.save({"o": np.array([{}], dtype=object)}, tmp_path / "x.npz")
