@@ -1,0 +1,143 @@
+"""One SGD training step of an MLP: eager mlsys_lab vs the same step hand-written in numpy.
+
+    python benchmarks/train_step.py [--repeats 50]
+
+Prints the median time of each and the ratio eager / numpy (target: <= 1.5x), plus the ratio to
+PyTorch eager when torch is importable (optional). Both sides use float32 and the same BLAS.
+"""
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import mlsys_lab as ml
+from mlsys_lab import nn, ops
+
+CONFIGS = [((784, 256, 256, 10), 64), ((784, 1024, 1024, 10), 256)]
+LR = 0.01
+
+
+def make_params(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [((rng.uniform(-1, 1, (a, b)) / np.sqrt(a)).astype(np.float32),
+             np.zeros(b, np.float32)) for a, b in zip(sizes[:-1], sizes[1:])]
+
+
+def numpy_step(params, x, y):
+    """Forward, softmax cross-entropy, backward and SGD update, written by hand."""
+    acts, h = [x], x
+    for i, (w, b) in enumerate(params):
+        h = h @ w + b
+        if i < len(params) - 1:
+            h = np.maximum(h, 0)
+        acts.append(h)
+    z = h - h.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    n = x.shape[0]
+    loss = -np.log(p[np.arange(n), y]).mean()
+    g = p
+    g[np.arange(n), y] -= 1
+    g /= n
+    for i in range(len(params) - 1, -1, -1):
+        w, b = params[i]
+        gw, gb = acts[i].T @ g, g.sum(axis=0)
+        if i:
+            g = (g @ w.T) * (acts[i] > 0)
+        w -= LR * gw
+        b -= LR * gb
+    return loss
+
+
+def build_mlsys(sizes, params):
+    layers = []
+    for i, (w, b) in enumerate(params):
+        lin = nn.Linear(w.shape[0], w.shape[1])
+        lin.weight.data, lin.bias.data = w.copy(), b.copy()
+        layers += [lin] + ([nn.ReLU()] if i < len(params) - 1 else [])
+    model = nn.Sequential(*layers)
+    return model, ml.optim.SGD(model.parameters(), lr=LR)
+
+
+def mlsys_step(model, opt, x, y):
+    loss = ops.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def torch_step_fn(params):
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    ws = [(torch.tensor(w.copy(), requires_grad=True), torch.tensor(b.copy(), requires_grad=True))
+          for w, b in params]
+    opt = torch.optim.SGD([t for pair in ws for t in pair], lr=LR)
+
+    def step(x, y):
+        h = x
+        for i, (w, b) in enumerate(ws):
+            h = h @ w + b
+            if i < len(ws) - 1:
+                h = torch.relu(h)
+        loss = torch.nn.functional.cross_entropy(h, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def median_time(fn, repeats):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeats", type=int, default=50)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    print(f"{'model':<22}{'batch':>6}{'numpy ms':>10}{'eager ms':>10}{'eager/numpy':>13}"
+          f"{'torch ms':>10}{'eager/torch':>13}")
+    for sizes, batch in CONFIGS:
+        x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+        y = rng.integers(0, sizes[-1], batch)
+        params = make_params(sizes)
+        np_params = [(w.copy(), b.copy()) for w, b in params]
+        model, opt = build_mlsys(sizes, params)
+        # Same starting point, same data: the two implementations must agree on the loss.
+        l_np = numpy_step([(w.copy(), b.copy()) for w, b in params], x, y)
+        l_ml = mlsys_step(*build_mlsys(sizes, params), ml.tensor(x), ml.tensor(y)).item()
+        assert abs(l_np - l_ml) < 1e-4 * max(1.0, abs(l_np)), (l_np, l_ml)
+        t_np = median_time(lambda: numpy_step(np_params, x, y), args.repeats)
+        xt, yt = ml.tensor(x), ml.tensor(y)
+        t_ml = median_time(lambda: mlsys_step(model, opt, xt, yt), args.repeats)
+        t_torch = None
+        try:
+            import torch
+
+            step = torch_step_fn(params)
+            xt_, yt_ = torch.from_numpy(x), torch.from_numpy(y)
+            t_torch = median_time(lambda: step(xt_, yt_), args.repeats)
+        except ImportError:
+            pass
+        name = "-".join(map(str, sizes))
+        torch_cols = (f"{t_torch * 1e3:>10.3f}{t_ml / t_torch:>12.2f}x" if t_torch
+                      else f"{'n/a':>10}{'n/a':>13}")
+        print(f"{name:<22}{batch:>6}{t_np * 1e3:>10.3f}{t_ml * 1e3:>10.3f}"
+              f"{t_ml / t_np:>12.2f}x{torch_cols}")
+
+
+if __name__ == "__main__":
+    main()
