@@ -1,0 +1,628 @@
+"""Grade a student notebook by running it in its own kernel process.
+
+``grade(path)`` starts a fresh Python kernel (cwd = the notebook's folder) and runs the notebook's
+code cells top to bottom with nbclient. After each answer cell (tagged ``answer:<id>``) it runs a
+hidden grading cell::
+
+    import mlsys_lab.grading.checks as __mlsys_grading
+    __mlsys_grading.run_cases_json('4.1', globals(), '<random marker>');
+
+which grades the answer with the checks registered in ``mlsys_lab.grading.chNN`` and prints one
+JSON line after a marker chosen at random for this run. The grader reads that line back from the
+cell's output. The checks keep their own references inside the package, and the hidden cell
+imports them under a private name, so a student redefining ``check``, ``json``, ``print`` or
+``mlsys_lab`` changes nothing. (This keeps honest mistakes from breaking grading; it is not a
+sandbox against a student who sets out to cheat.)
+
+What can go wrong, and what the grader does:
+
+* an answer raises — the error is noted; the exercise is still checked (its cases fail).
+* a cell runs longer than ``cell_timeout`` — nbclient interrupts the kernel (KeyboardInterrupt)
+  and the run carries on; if the cell ignores the interrupt, the kernel is killed a few seconds
+  later and handled as below. A check that times out scores 0 for that exercise.
+* the kernel dies (``os._exit``, a crash, ``exit()``) — the kernel process group is killed, a
+  fresh kernel is started, the cells that ran before are replayed without grading (skipping the
+  one that killed it and any that timed out), and grading carries on. After ``max_restarts``
+  the remaining exercises score 0 with "kernel died".
+* the whole run passes ``timeout`` seconds — the kernel and every process in its group are
+  killed; exercises graded so far keep their points, the rest score 0.
+* huge output — at most ``max_output`` characters of each cell's output are kept.
+
+The maximum score comes from the registered checks of every chapter the notebook refers to (its
+answer tags, its ``metadata.mlsys_lab.chapter`` and its file name), so an exercise whose answer
+cell was deleted, or whose check never ran, still counts: 0 of its maximum.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+
+from mlsys_lab.grading.builder import answer_id, chapter_from_filename
+from mlsys_lab.grading.checks import (
+    Exercise,
+    UnknownExerciseError,
+    chapter_of,
+    exercises_for_chapter,
+    fmt_points,
+    get_exercise,
+)
+
+__all__ = ["ExerciseGrade", "GradeReport", "grade"]
+
+_GRADE_CELL = (
+    "import mlsys_lab.grading.checks as __mlsys_grading\n"
+    "__mlsys_grading.run_cases_json({exercise!r}, globals(), {marker!r});"
+)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+_quiet = logging.getLogger("mlsys_lab.grading.kernel")
+_quiet.addHandler(logging.NullHandler())
+_quiet.propagate = False
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+@dataclass
+class ExerciseGrade:
+    """One row of a grade report."""
+
+    exercise: str
+    title: str
+    points: float
+    max: float
+    feedback: str
+    cases: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class GradeReport:
+    """The result of grading one notebook: one row per exercise, plus notes on the run."""
+
+    notebook: str
+    rows: list[ExerciseGrade] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """Points earned."""
+        return sum(row.points for row in self.rows)
+
+    @property
+    def max(self) -> float:
+        """Points available."""
+        return sum(row.max for row in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, ready for ``json.dumps``."""
+        return {
+            "notebook": self.notebook,
+            "total": self.total,
+            "max": self.max,
+            "elapsed": round(self.elapsed, 2),
+            "rows": [asdict(row) for row in self.rows],
+            "notes": list(self.notes),
+        }
+
+    def to_json(self) -> str:
+        """The report as one JSON document."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=2)
+
+    def to_table(self) -> str:
+        """The report as a text table, for people."""
+        head = ("Exercise", "Title", "Points", "Feedback")
+        body = [
+            (r.exercise, r.title, f"{fmt_points(r.points)}/{fmt_points(r.max)}", r.feedback)
+            for r in self.rows
+        ]
+        body.append(("Total", "", f"{fmt_points(self.total)}/{fmt_points(self.max)}", ""))
+        widths = [max(len(row[i]) for row in [head, *body]) for i in range(3)]
+
+        def line(row):
+            cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), row[2].rjust(widths[2])]
+            return "  ".join(cells + [row[3]]).rstrip()
+
+        rule = "-" * (sum(widths) + 4 + 10)
+        lines = [f"Grade report: {self.notebook}", line(head), rule]
+        lines += [line(row) for row in body[:-1]] + [rule, line(body[-1])]
+        if self.notes:
+            lines += ["", "Notes:"] + [f"  - {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+
+class _Client(NotebookClient):
+    """An nbclient that caps each cell's output, spots marker lines, and records timeouts."""
+
+    def __init__(self, nb, marker: str, max_output: int, **kwargs):
+        super().__init__(nb, **kwargs)
+        self.marker = marker
+        self.max_output = max_output
+        self.limit: float = 60.0
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        self.kept = 0
+        self.dropped = 0
+        self.partial = ""
+        self.marker_lines: list[str] = []
+        self.timed_out = False
+
+    def _get_timeout(self, cell):  # nbclient asks this for each cell's time limit
+        return self.limit
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self.timed_out = True
+        return await super()._async_handle_timeout(timeout, cell)
+
+    def _scan(self, text: str) -> None:
+        lines = (self.partial + text).split("\n")
+        self.partial = lines.pop()[-100_000:]  # an unfinished line; bounded, whatever is printed
+        for line in lines:
+            if self.marker in line:
+                self.marker_lines.append(line[line.index(self.marker) + len(self.marker) :])
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg.get("content", {})
+        if msg["msg_type"] == "stream":
+            text = content.get("text", "")
+            self._scan(text)
+            room = self.max_output - self.kept
+            if len(text) > room:
+                self.dropped += len(text) - max(room, 0)
+                if room <= 0:
+                    return None
+                msg = {**msg, "content": {**content, "text": text[:room]}}
+            self.kept += min(len(text), max(room, 0))
+        elif msg["msg_type"] != "error" and self.kept >= self.max_output:
+            self.dropped += 1
+            return None
+        return super().output(outs, msg, display_id, cell_index)
+
+    def finish_step(self) -> None:
+        self._scan("\n")
+
+
+@dataclass
+class _Step:
+    kind: str  # "student" or "grade"
+    cell_index: int
+    source: str
+    exercise: str | None = None  # the answer's id for an answer cell / the id to grade
+    status: str = "pending"  # ok, error, timeout, died, skipped
+    error: str = ""
+    result: dict[str, Any] | None = None
+
+
+def _cell(step: _Step) -> str:
+    """How notes name a cell: counted from 1, markdown cells included."""
+    return f"cell {step.cell_index + 1}"
+
+
+def _kill_group(pgid: int | None) -> None:
+    if pgid is None:
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+
+
+class _Run:
+    """One grading run: the steps, the current kernel, the clock."""
+
+    def __init__(self, nb, folder: Path, cell_timeout, timeout, max_output, max_restarts, kernel):
+        self.nb = nb
+        self.folder = folder
+        self.cell_timeout = float(cell_timeout)
+        self.deadline = time.monotonic() + float(timeout)
+        self.timeout = float(timeout)
+        self.max_output = max_output
+        self.restarts_left = max_restarts
+        self.kernel_name = kernel
+        self.marker = f"__MLSYS_GRADE_{secrets.token_hex(8)}__"
+        self.client: _Client | None = None
+        self.pgid: int | None = None
+        self.notes: list[str] = []
+        self.wall_clock_hit = False
+
+    # -- kernel lifecycle ---------------------------------------------------------------
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def start_kernel(self) -> None:
+        client = _Client(
+            self.nb,
+            marker=self.marker,
+            max_output=self.max_output,
+            kernel_name=self.kernel_name,
+            allow_errors=True,
+            interrupt_on_timeout=True,
+            startup_timeout=max(1, int(min(60, self.remaining()))),
+            shutdown_kernel="immediate",
+            record_timing=False,
+            log=_quiet,
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [_PACKAGE_PARENT, env.get("PYTHONPATH", "")] if p
+        )
+        client.km = client.create_kernel_manager()
+        self.client = client
+        # The kernel's own stdout/stderr (start-up warnings, C-level prints) are not the
+        # notebook's output; keep them off the grader's terminal.
+        client.start_new_kernel(
+            cwd=str(self.folder), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        provisioner = getattr(client.km, "provisioner", None)
+        self.pgid = getattr(provisioner, "pgid", None) or getattr(provisioner, "pid", None)
+        client.start_new_kernel_client()
+
+    def stop_kernel(self) -> None:
+        client, pgid = self.client, self.pgid
+        self.client, self.pgid = None, None
+        km = client.km if client is not None else None
+        process = getattr(getattr(km, "provisioner", None), "process", None)
+        if client is not None:
+            try:
+                client._cleanup_kernel()
+            except Exception:  # a dead or stuck kernel: the group kill below settles it
+                pass
+        _kill_group(pgid)  # processes the student's code started in the kernel's group
+        if process is not None:
+            try:
+                process.wait(timeout=5)  # reap it: no zombie left behind
+            except Exception:
+                pass
+
+    # -- running one cell ---------------------------------------------------------------
+
+    def execute(self, step: _Step, capture: bool = True) -> None:
+        """Run one step in the current kernel and set its status."""
+        client = self.client
+        assert client is not None
+        remaining = self.remaining()
+        client.limit = max(0.5, min(self.cell_timeout, remaining))
+        client.begin_step()
+        source = step.source
+        if step.kind == "grade":
+            source = _GRADE_CELL.format(exercise=step.exercise, marker=self.marker)
+        cell = nbformat.v4.new_code_cell(source)
+        # If the interrupt does not stop the cell (the code swallows KeyboardInterrupt, or sits
+        # in C code), kill the kernel a little later; at the wall-clock deadline, kill it anyway.
+        hard = min(client.limit + min(self.cell_timeout, 10.0) + 2.0, remaining + 0.5)
+        pgid = self.pgid
+        fired = threading.Event()
+
+        def kill():
+            fired.set()
+            _kill_group(pgid)
+
+        watchdog = threading.Timer(max(hard, 0.1), kill)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            client.execute_cell(cell, step.cell_index, store_history=step.kind == "student")
+        except DeadKernelError:
+            step.status = "died"
+        except Exception as error:  # nbclient itself failed: treat the kernel as lost
+            step.status = "died"
+            step.error = f"{type(error).__name__}: {error}"
+        finally:
+            watchdog.cancel()
+        client.finish_step()
+        if step.status != "died":
+            errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+            if client.timed_out:
+                step.status = "timeout"
+                if remaining < self.cell_timeout:  # it was the notebook's time that ran out
+                    self.wall_clock_hit = True
+            elif errors:
+                step.status = "error"
+                step.error = f"{errors[-1].get('ename')}: {errors[-1].get('evalue', '')}"[:300]
+            else:
+                step.status = "ok"
+        if fired.is_set():
+            if self.remaining() <= 0.5:
+                self.wall_clock_hit = True
+            else:
+                step.error = "it ignored the interrupt after the time limit and was killed"
+                self.notes.append(
+                    f"{_cell(step)} ignored the interrupt after its timeout; the kernel was killed"
+                )
+        if capture and client.dropped:
+            where = f"checking {step.exercise}" if step.kind == "grade" else _cell(step)
+            self.notes.append(
+                f"{where}: output too long, kept the first {self.max_output:,} "
+                f"characters (dropped {client.dropped:,})"
+            )
+        if step.kind == "grade" and client.marker_lines:
+            try:
+                step.result = json.loads(client.marker_lines[-1])
+            except ValueError:
+                step.result = None
+
+    def replay(self, steps: list[_Step]) -> bool:
+        """Re-run the student cells that ran before (not the fatal or timed-out ones)."""
+        for step in steps:
+            if step.kind != "student" or step.status not in ("ok", "error"):
+                continue
+            copy = _Step("student", step.cell_index, step.source)
+            self.execute(copy, capture=False)
+            if copy.status == "died" or self.remaining() <= 0:
+                return False
+        return True
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def _is_public_check_cell(source: str) -> bool:
+    """True for a cell that only calls ``check(...)`` (the grader runs its own checks)."""
+    lines = [ln.strip() for ln in source.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    return bool(lines) and all(ln.startswith("check(") for ln in lines)
+
+
+def _expected_exercises(nb, path: Path, tagged: list[str], notes: list[str]) -> list[Exercise]:
+    chapters = set()
+    meta_chapter = nb.metadata.get("mlsys_lab", {}).get("chapter")
+    if isinstance(meta_chapter, int):
+        chapters.add(meta_chapter)
+    if chapter_from_filename(path) is not None:
+        chapters.add(chapter_from_filename(path))
+    for ex_id in tagged:
+        try:
+            chapters.add(chapter_of(ex_id))
+        except UnknownExerciseError:
+            pass
+    found: dict[str, Exercise] = {}
+    for chapter in sorted(chapters):
+        try:
+            for exercise in exercises_for_chapter(chapter):
+                found[exercise.id] = exercise
+        except Exception as error:  # a chapter module that fails to import: say so, carry on
+            notes.append(f"could not load the checks of chapter {chapter}: {error!r}")
+    for ex_id in tagged:
+        if ex_id in found:
+            continue
+        try:
+            found[ex_id] = get_exercise(ex_id)
+        except Exception as error:
+            notes.append(f"answer:{ex_id} is not a known exercise ({error}); not graded")
+    return list(found.values())
+
+
+def _plan(nb) -> list[_Step]:
+    steps: list[_Step] = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        if _is_public_check_cell(cell.source):
+            continue
+        ex_id = answer_id(cell)
+        steps.append(_Step("student", index, cell.source, ex_id))
+        if ex_id is not None:
+            steps.append(_Step("grade", index, "", ex_id))
+    return steps
+
+
+# ----------------------------------------------------------------------------- grading
+
+
+def grade(
+    path: str | Path,
+    cell_timeout: float = 60,
+    timeout: float = 600,
+    *,
+    max_output: int = 100_000,
+    max_restarts: int = 2,
+    kernel_name: str = "python3",
+) -> GradeReport:
+    """Run a notebook in a fresh kernel and grade every exercise it answers.
+
+    Args:
+        path: the student's ``.ipynb``.
+        cell_timeout: seconds one cell (or one exercise's checks) may run before it is
+            interrupted.
+        timeout: seconds for the whole notebook; then the kernel is killed and what was graded
+            so far is kept.
+        max_output: characters of output kept per cell.
+        max_restarts: how many times a dead kernel is restarted.
+        kernel_name: the Jupyter kernel to run the notebook in.
+
+    Returns:
+        A ``GradeReport``. Grading never raises for anything the notebook does.
+    """
+    started = time.monotonic()
+    path = Path(path)
+    report = GradeReport(notebook=str(path))
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as error:
+        report.notes.append(f"could not read the notebook: {type(error).__name__}: {error}")
+        _add_rows(report, _expected_exercises(nbformat.v4.new_notebook(), path, [], []), {})
+        report.elapsed = time.monotonic() - started
+        return report
+
+    steps = _plan(nb)
+    tagged = [s.exercise for s in steps if s.kind == "grade"]
+    expected = _expected_exercises(nb, path, tagged, report.notes)
+    known = {e.id for e in expected}
+    steps = [s for s in steps if s.kind == "student" or s.exercise in known]
+    for ex_id in sorted(set(x for x in tagged if tagged.count(x) > 1)):
+        report.notes.append(f"exercise {ex_id} has several answer cells; the last one counts")
+
+    run = _Run(
+        nb, path.resolve().parent, cell_timeout, timeout, max_output, max_restarts, kernel_name
+    )
+    outcome: dict[str, str] = {}  # exercise id -> why it has no result (when it has none)
+    try:
+        _execute_all(run, steps, outcome)
+    except Exception as error:  # never crash: whatever happened, report what was graded
+        run.notes.append(f"grader error: {type(error).__name__}: {error}")
+    finally:
+        run.stop_kernel()
+    report.notes.extend(run.notes)
+
+    results: dict[str, tuple[dict | None, str]] = {}
+    for step in steps:
+        if step.kind == "grade" and step.status != "pending":
+            results[step.exercise] = (step.result, outcome.get(step.exercise, _why(step, run)))
+    for ex_id, why in outcome.items():
+        results.setdefault(ex_id, (None, why))
+    _add_rows(report, expected, results)
+    report.elapsed = time.monotonic() - started
+    return report
+
+
+def _why(step: _Step, run: _Run) -> str:
+    if step.status == "timeout":
+        return f"timed out after {fmt_points(run.cell_timeout)} s while checking your answer"
+    if step.status == "died" and step.error.startswith("it ignored"):
+        limit = fmt_points(run.cell_timeout)
+        return f"timed out after {limit} s while checking your answer; {step.error}"
+    if step.status == "died":
+        return "the kernel died while checking your answer"
+    if step.status == "skipped":
+        return "not checked"
+    if step.error:
+        return f"the check could not run ({step.error})"
+    return "the check printed no result"
+
+
+def _execute_all(run: _Run, steps: list[_Step], outcome: dict[str, str]) -> None:
+    """Run the steps in order, restarting a dead kernel; record why exercises got no result."""
+    limit = f"{fmt_points(run.cell_timeout)} s"
+    i = 0
+    while i < len(steps) and not run.wall_clock_hit:
+        step = steps[i]
+        if run.remaining() <= 0:
+            run.wall_clock_hit = True
+            run.notes.append(
+                f"wall-clock timeout ({fmt_points(run.timeout)} s) before "
+                f"{_cell(step)}: the exercises from here on were not graded"
+            )
+            break
+        if run.client is None and not _restart(run, steps[:i]):
+            _skip_rest(steps[i:], outcome, "not run: the kernel died earlier")
+            return
+        run.execute(step)
+        answer = step.exercise if step.kind == "student" else None
+        if run.wall_clock_hit:
+            outcome[step.exercise] = "not finished: the notebook hit the wall-clock timeout"
+            run.notes.append(
+                f"wall-clock timeout ({fmt_points(run.timeout)} s) in {_cell(step)}:"
+                " the kernel was killed; the exercises after it were not graded"
+            )
+        elif step.status == "timeout" and step.kind == "student":
+            run.notes.append(f"{_cell(step)} timed out after {limit} and was interrupted")
+            if answer:  # an answer cell that never finishes scores 0
+                i = _fail_answer(steps, i, outcome, f"your answer cell timed out after {limit}")
+        elif step.status == "error" and answer:
+            run.notes.append(f"answer {answer} ({_cell(step)}) raised {step.error}")
+        elif step.status == "died":
+            run.notes.append(f"the kernel died in {_cell(step)}")
+            run.stop_kernel()
+            if answer:  # an answer cell that kills the kernel scores 0
+                why = "the kernel died while running your answer cell"
+                if step.error.startswith("it ignored"):
+                    why = f"your answer cell timed out after {limit}; {step.error}"
+                i = _fail_answer(steps, i, outcome, why)
+        i += 1
+    if run.wall_clock_hit:
+        _skip_rest(steps[i:], outcome, "not run: the notebook hit the wall-clock timeout")
+
+
+def _fail_answer(steps: list[_Step], i: int, outcome: dict[str, str], why: str) -> int:
+    """Score the answer at ``steps[i]`` 0 without checking it; return the index to carry on from."""
+    outcome[steps[i].exercise] = why
+    if i + 1 < len(steps) and steps[i + 1].kind == "grade":
+        steps[i + 1].status = "skipped"
+        return i + 1
+    return i
+
+
+def _restart(run: _Run, done: list[_Step]) -> bool:
+    first = not any(s.status != "pending" for s in done)
+    if not first:
+        if run.restarts_left <= 0:
+            run.notes.append("the kernel died too often; the remaining exercises were not graded")
+            return False
+        run.restarts_left -= 1
+    try:
+        run.start_kernel()
+    except Exception as error:
+        run.notes.append(f"could not start a kernel: {type(error).__name__}: {error}")
+        run.stop_kernel()
+        return False
+    if first:
+        return True
+    run.notes.append("restarted the kernel and replayed the cells before it (not graded again)")
+    if not run.replay(done):
+        run.notes.append("the kernel died (or time ran out) while replaying")
+        run.stop_kernel()
+        return False
+    return True
+
+
+def _skip_rest(steps: list[_Step], outcome: dict[str, str], why: str) -> None:
+    for step in steps:
+        if step.kind == "grade":
+            step.status = "skipped"
+            outcome.setdefault(step.exercise, why)
+
+
+def _add_rows(report: GradeReport, expected: list[Exercise], results: dict) -> None:
+    for exercise in expected:
+        result, why = results.get(exercise.id, (None, None))
+        if result is None or "rows" not in result:
+            if why is None:
+                why = f"no answer cell tagged answer:{exercise.id} was found"
+            elif result and "error" in result:
+                why = result["error"]
+            report.rows.append(
+                ExerciseGrade(exercise.id, exercise.title, 0, exercise.max_points, why)
+            )
+            continue
+        rows = result["rows"]
+        # Points come from the grader's own registry, not from what the kernel printed.
+        maxima = {case.name: case.points for case in exercise.cases}
+        points = sum(
+            min(float(r.get("points", 0)), maxima.get(r.get("name"), 0))
+            for r in rows
+            if r.get("passed") is True
+        )
+        report.rows.append(
+            ExerciseGrade(
+                exercise.id, exercise.title, points, exercise.max_points, _summary(rows), rows
+            )
+        )
+
+
+def _summary(rows: list[dict]) -> str:
+    """One line of feedback for an exercise: which cases failed and why."""
+    failed = [r for r in rows if not r.get("passed")]
+    if not failed:
+        return f"all {len(rows)} cases passed"
+    messages = {r.get("feedback", "") for r in failed}
+    if len(failed) > 1 and len(messages) == 1:  # e.g. every case hit the same stub
+        return f"{len(failed)} of {len(rows)} cases failed: {messages.pop()}"
+    return "; ".join(f"{r.get('name')}: {r.get('feedback', '')}" for r in failed)

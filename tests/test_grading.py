@@ -1,0 +1,432 @@
+"""Tests of the grading machinery: checks, the exercise builder, the grader and the CLI.
+
+The grader tests run real kernels (about 1-2 s each to start), so each adversarial notebook is
+graded once and everything about it is asserted on that one report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mlsys_lab.cli import main
+from mlsys_lab.grading import builder
+from mlsys_lab.grading.checks import (
+    UnknownExerciseError,
+    check,
+    get_exercise,
+    run_cases,
+    run_cases_json,
+)
+from mlsys_lab.grading.grader import grade
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = ROOT / "solutions"
+EXERCISES = ROOT / "exercises"
+DEMO = SOLUTIONS / "ch00_demo.ipynb"
+FULL = 12  # 3 + 5 + 4 points in mlsys_lab/grading/ch00.py
+SLACK = 20  # kernel start-up and shutdown on a busy 2-core machine
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) for every process, read from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        table[int(entry)] = (int(fields[1]), fields[0])
+    return table
+
+
+def _descendants(pid: int) -> list[int]:
+    """Processes below ``pid`` (zombies included: an unreaped child is left behind too)."""
+    table = _processes()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    state = _processes().get(pid)
+    return state is not None and state[1] not in ("Z", "X")
+
+
+@pytest.fixture
+def no_leftover_processes():
+    """Fail if a test leaves a process (kernel or anything it started) behind."""
+    before = set(_descendants(os.getpid()))
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        left = set(_descendants(os.getpid())) - before
+        if not left:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"processes left behind: {sorted(left)}")
+
+
+def _demo_with(answer_id: str, source: str, path: Path) -> Path:
+    """Write the demo solution notebook with one answer cell replaced by ``source``."""
+    nb = nbformat.read(DEMO, as_version=4)
+    cells = [c for c in nb.cells if f"answer:{answer_id}" in c.metadata.get("tags", [])]
+    assert len(cells) == 1
+    cells[0].source = source
+    nbformat.write(nb, path)
+    return path
+
+
+def _points(report) -> dict[str, float]:
+    return {row.exercise: row.points for row in report.rows}
+
+
+def _timed_grade(path, **kwargs):
+    start = time.monotonic()
+    report = grade(path, **kwargs)
+    return report, time.monotonic() - start
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def test_check_reports_each_case_and_returns_a_result(capsys):
+    result = check("0.1", lambda x: x * x)
+    out = capsys.readouterr().out
+    assert "Exercise 0.1" in out and "✓ square(3) == 9" in out and "Score: 3/3" in out
+    assert (result.score, result.max, result.passed) == (3, 3, True)
+
+
+def test_check_names_the_failing_case_and_what_was_expected(capsys):
+    result = check("0.2", lambda n: n)  # right for 0 and 1 only
+    out = capsys.readouterr().out
+    assert (result.score, result.max) == (1, 5)
+    assert "✗ fib(n) for n < 20" in out and "fib(2) returned 2, expected 1" in out
+    assert "_fib" not in out  # never shows the reference code
+
+
+def test_student_exceptions_are_reported_as_type_and_message(capsys):
+    def mean(xs):
+        return sum(xs) / len(xs)  # ZeroDivisionError on []
+
+    result = check("0.3", mean)
+    row = next(r for r in result.rows if not r.passed)
+    assert row.name == "mean([]) raises ValueError"
+    assert "ZeroDivisionError" in row.feedback and "Traceback" not in capsys.readouterr().out
+
+    result = run_cases("0.1", lambda x: 1 / 0)
+    assert result.score == 0
+    assert result.rows[0].feedback.startswith("raised ZeroDivisionError: division by zero (line")
+
+
+def test_an_object_that_equals_everything_does_not_pass():
+    class Liar:
+        def __eq__(self, other):
+            return True
+
+    assert run_cases("0.1", lambda x: Liar()).score == 0
+
+
+def test_unknown_exercises_raise_a_clear_key_error():
+    with pytest.raises(UnknownExerciseError, match="no module mlsys_lab.grading.ch99"):
+        get_exercise("99.1")
+    with pytest.raises(KeyError, match=r"no exercise '0\.9' in chapter 0 \(known: 0.1, 0.2, 0.3\)"):
+        get_exercise("0.9")
+
+
+def test_wrong_number_of_answers_fails_every_case(capsys):
+    result = check("0.1")
+    assert result.score == 0 and "expects 1 answer(s): square" in capsys.readouterr().out
+
+
+def test_run_cases_json_prints_one_marked_line(capsys):
+    payload = run_cases_json("0.1", {"square": lambda x: x * x}, marker="@@M@@")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln]
+    assert len(lines) == 1 and lines[0].startswith("@@M@@")
+    assert json.loads(lines[0][len("@@M@@") :]) == payload and payload["score"] == 3
+    missing = run_cases_json("0.1", {}, marker="@@M@@")
+    assert missing["score"] == 0 and "`square` is not defined" in missing["rows"][0]["feedback"]
+
+
+# ----------------------------------------------------------------------------- builder
+
+
+def _solution_cell(source: str, ex_id: str = "9.1"):
+    return nbformat.v4.new_code_cell(source, metadata={"tags": [f"answer:{ex_id}"]})
+
+
+def test_builder_stubs_regions_and_keeps_the_code_around_them():
+    source = (
+        "import math\n"
+        "def area(r):\n"
+        "    '''Circle area.'''\n"
+        "    ### BEGIN SOLUTION\n"
+        "    # TODO: use math.pi\n"
+        "    return math.pi * r * r\n"
+        "    ### END SOLUTION\n"
+        "\n"
+        "### BEGIN SOLUTION\n"
+        "RADIUS = 2\n"
+        "### END SOLUTION\n"
+        "print(area(RADIUS))"
+    )
+    answer = _solution_cell(source)
+    answer.outputs = [nbformat.v4.new_output("stream", text="12.56\n")]
+    answer.execution_count = 3
+    checker = nbformat.v4.new_code_cell('check("9.1", area)', execution_count=4)
+    other = nbformat.v4.new_code_cell("x = 1")
+    nb = nbformat.v4.new_notebook(cells=[answer, checker, other])
+
+    out = builder.build_exercise(nb)
+    assert out.cells[0].source == (
+        "import math\n"
+        "def area(r):\n"
+        "    '''Circle area.'''\n"
+        "    # YOUR CODE HERE\n"
+        '    raise NotImplementedError("Exercise 9.1: use math.pi")\n'
+        "\n"
+        "# YOUR CODE HERE\n"
+        'raise NotImplementedError("Exercise 9.1: write your answer here")\n'
+        "print(area(RADIUS))"
+    )
+    assert out.cells[0].outputs == [] and out.cells[0].execution_count is None
+    assert out.cells[0].metadata.tags == ["answer:9.1", "raises-exception"]
+    assert out.cells[1].metadata.tags == ["raises-exception"]
+    assert "tags" not in out.cells[2].metadata
+    assert nb.cells[0].source == source  # the input notebook is untouched
+    assert builder.render(out) == builder.render(builder.build_exercise(nb))  # deterministic
+    assert builder.render(out).endswith("}\n")
+
+
+@pytest.mark.parametrize(
+    "source, cell_tags, message",
+    [
+        ("### BEGIN SOLUTION\nx = 1", ["answer:9.1"], "without a matching"),
+        ("x = 1\n### END SOLUTION", ["answer:9.1"], "without a '### BEGIN SOLUTION'"),
+        ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", ["answer:9.1"], "nested"),
+        ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION", [], "without an 'answer:' tag"),
+        ("x = 1", ["answer:9.1"], "has no '### BEGIN SOLUTION' region"),
+    ],
+)
+def test_builder_rejects_malformed_sources(source, cell_tags, message):
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": cell_tags})
+    with pytest.raises(ValueError, match=message):
+        builder.build_exercise(nbformat.v4.new_notebook(cells=[cell]), name="bad.ipynb")
+
+
+def test_exercises_folder_is_up_to_date_with_solutions():
+    """Every solutions/ch*.ipynb has a byte-identical fresh build in exercises/."""
+    sources = sorted(p.name for p in SOLUTIONS.glob("ch*.ipynb"))
+    assert "ch00_demo.ipynb" in sources
+    stale = builder.check_up_to_date(SOLUTIONS, EXERCISES)
+    assert stale == [], f"run `mlsys-lab exercises build`; stale: {stale}"
+
+
+def test_check_up_to_date_lists_stale_missing_and_orphaned_files(tmp_path):
+    src, dst = tmp_path / "solutions", tmp_path / "exercises"
+    src.mkdir()
+    (src / "ch00_demo.ipynb").write_bytes(DEMO.read_bytes())
+    assert builder.check_up_to_date(src, dst) == [dst / "ch00_demo.ipynb"]  # missing
+    assert builder.build_all(src, dst) == [dst / "ch00_demo.ipynb"]
+    assert builder.build_all(src, dst) == []  # nothing changes the second time
+    assert builder.check_up_to_date(src, dst) == []
+    (dst / "ch00_demo.ipynb").write_text("{}")
+    (dst / "ch01_orphan.ipynb").write_text("{}")
+    stale = builder.check_up_to_date(src, dst)
+    assert stale == [dst / "ch00_demo.ipynb", dst / "ch01_orphan.ipynb"]
+
+
+# ----------------------------------------------------------------------------- grader
+
+
+def test_solution_notebook_scores_full_marks(no_leftover_processes):
+    report, elapsed = _timed_grade(DEMO, cell_timeout=30, timeout=120)
+    assert (report.total, report.max) == (FULL, FULL), report.to_table()
+    assert _points(report) == {"0.1": 3, "0.2": 5, "0.3": 4}
+    assert report.notes == []
+    assert elapsed < 120
+
+
+def test_exercise_notebook_scores_zero_and_runs_to_the_end(no_leftover_processes):
+    report = grade(EXERCISES / "ch00_demo.ipynb", cell_timeout=30, timeout=120)
+    assert (report.total, report.max) == (0, FULL), report.to_table()
+    for row in report.rows:  # each exercise was checked and hit its stub
+        assert "NotImplementedError: Exercise" in row.feedback
+    table = report.to_table()
+    assert "Total" in table and "0/12" in table
+
+
+FIB = (
+    "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
+)
+
+
+ADVERSARIAL = {
+    # name: (answer id, answer source, grade kwargs, expected points, words in feedback/notes)
+    "infinite loop in the answer's function": (
+        "0.2",
+        "def fib(n):\n    while True:\n        pass\n",
+        {"cell_timeout": 3, "timeout": 60},
+        {"0.1": 3, "0.2": 0, "0.3": 4},
+        "timed out after 3 s",
+    ),
+    "infinite loop at the top of the answer cell": (
+        "0.2",
+        FIB + "while True:\n    pass\n",
+        {"cell_timeout": 3, "timeout": 60},
+        {"0.1": 3, "0.2": 0, "0.3": 4},
+        "answer cell timed out",
+    ),
+    "answer cell that swallows the interrupt": (
+        "0.2",
+        FIB + "import time\nwhile True:\n    try:\n        time.sleep(10)\n"
+        "    except KeyboardInterrupt:\n        pass\n",
+        {"cell_timeout": 2, "timeout": 60},
+        {"0.1": 3, "0.2": 0, "0.3": 4},
+        "ignored the interrupt",
+    ),
+    "exception": (
+        "0.2",
+        "def fib(n):\n    return n if n < 2 else 1 / 0\n\nraise RuntimeError('boom')\n",
+        {"cell_timeout": 10, "timeout": 60},
+        {"0.1": 3, "0.2": 1, "0.3": 4},
+        "ZeroDivisionError",
+    ),
+    "sys.exit()": (
+        "0.2",
+        "import sys\nsys.exit(3)\n",
+        {"cell_timeout": 10, "timeout": 60},
+        {"0.1": 3, "0.2": 0, "0.3": 4},
+        "`fib` is not defined",
+    ),
+    "os._exit(1)": (
+        "0.2",
+        FIB + "import os\nos._exit(1)\n",
+        {"cell_timeout": 10, "timeout": 60},
+        {"0.1": 3, "0.2": 0, "0.3": 4},
+        "kernel died",
+    ),
+    "10 MB of printed output": (
+        "0.1",
+        "for _ in range(100):\n    print('x' * 100_000)\n\n"
+        "def square(x):\n    print('y' * 1_000_000, end='')  # no newline before the marker\n"
+        "    return x * x\n",
+        {"cell_timeout": 30, "timeout": 90},
+        {"0.1": 3, "0.2": 5, "0.3": 4},
+        "output too long",
+    ),
+    "redefining check, json, print, mlsys_lab": (
+        "0.1",
+        "def square(x):\n    return x * x\n\n"
+        "check = lambda *a: None\njson = None\nprint = None\nmlsys_lab = None\n"
+        "np = None\nsys = None\n__mlsys_grading = None\n",
+        {"cell_timeout": 10, "timeout": 60},
+        {"0.1": 3, "0.2": 5, "0.3": 4},
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ADVERSARIAL), ids=list(ADVERSARIAL))
+def test_grader_survives_adversarial_answers(case, tmp_path, no_leftover_processes):
+    answer, source, kwargs, expected, words = ADVERSARIAL[case]
+    path = _demo_with(answer, source, tmp_path / "ch00_student.ipynb")
+    report, elapsed = _timed_grade(path, **kwargs)
+    text = report.to_table()
+    assert _points(report) == expected, text
+    assert report.max == FULL
+    assert elapsed < kwargs["timeout"] + SLACK, text
+    if words:
+        assert words in text, text
+    json.loads(report.to_json())  # always serialisable
+
+
+def test_wall_clock_timeout_kills_the_kernel_and_its_children(tmp_path, no_leftover_processes):
+    # 0.1 is right and also starts a child process; 0.2 hangs in C (sleep), past the timeout.
+    spawn = (
+        "import subprocess\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        "open('child.pid', 'w').write(str(child.pid))\n"
+        "def square(x):\n    return x * x\n"
+    )
+    nb = nbformat.read(_demo_with("0.1", spawn, tmp_path / "ch00_slow.ipynb"), as_version=4)
+    [fib_cell] = [c for c in nb.cells if "answer:0.2" in c.metadata.get("tags", [])]
+    fib_cell.source = "import time\ntime.sleep(300)\n" + FIB
+    nbformat.write(nb, tmp_path / "ch00_slow.ipynb")
+
+    report, elapsed = _timed_grade(tmp_path / "ch00_slow.ipynb", cell_timeout=100, timeout=6)
+    text = report.to_table()
+    assert _points(report) == {"0.1": 3, "0.2": 0, "0.3": 0}, text
+    assert report.max == FULL
+    assert "wall-clock timeout" in text
+    assert 6 <= elapsed < 6 + SLACK
+    child = int((tmp_path / "child.pid").read_text())
+    assert not _alive(child), "the student's child process survived"
+
+
+def test_grading_an_unreadable_notebook_reports_instead_of_crashing(tmp_path):
+    path = tmp_path / "ch00_broken.ipynb"
+    path.write_text("{not json")
+    report = grade(path)
+    assert (report.total, report.max) == (0, FULL)
+    assert "could not read the notebook" in report.notes[0]
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_grade_json(tmp_path, capsys, no_leftover_processes):
+    # A student deleted exercise 0.3 and renamed the file: the maximum still counts 0.3 (the
+    # chapter comes from the notebook's metadata), and it scores 0 of its 4 points.
+    nb = nbformat.read(DEMO, as_version=4)
+    nb.cells = [c for c in nb.cells if "0.3" not in c.source and "0.3" not in str(c.metadata)]
+    path = tmp_path / "my homework.ipynb"
+    nbformat.write(nb, path)
+    assert main(["grade", str(path), "--json", "--cell-timeout", "10", "--timeout", "60"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["total"], data["max"]) == (FULL - 4, FULL)
+    assert [row["exercise"] for row in data["rows"]] == ["0.1", "0.2", "0.3"]
+    assert data["rows"][2]["feedback"] == "no answer cell tagged answer:0.3 was found"
+
+
+def test_cli_grade_missing_notebook_exits_1(tmp_path, capsys):
+    assert main(["grade", str(tmp_path / "nope.ipynb")]) == 1
+    assert "no such notebook" in capsys.readouterr().err
+
+
+def test_cli_exercises_build_check(tmp_path, capsys):
+    src, dst = tmp_path / "solutions", tmp_path / "exercises"
+    src.mkdir()
+    (src / "ch00_demo.ipynb").write_bytes(DEMO.read_bytes())
+    args = ["exercises", "build", "--src", str(src), "--dst", str(dst)]
+    assert main(args + ["--check"]) == 1
+    assert "ch00_demo.ipynb" in capsys.readouterr().out
+    assert main(args) == 0
+    assert (dst / "ch00_demo.ipynb").read_bytes() == (EXERCISES / "ch00_demo.ipynb").read_bytes()
+    assert main(args + ["--check"]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+def test_cli_open_launches_jupyter_lab_on_the_chapters(monkeypatch):
+    calls = []
+    monkeypatch.setattr("mlsys_lab.cli.subprocess.call", lambda cmd: calls.append(cmd) or 0)
+    assert main(["open"]) == 0
+    assert calls[0][:2] == ["jupyter", "lab"] and calls[0][2].endswith("chapters")
