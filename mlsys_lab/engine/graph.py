@@ -47,15 +47,16 @@ class Value:
 class Node:
     """One op application: ``outputs = op[attrs](*inputs)``, created at ``source``."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs", "source", "id")
+    __slots__ = ("op", "inputs", "attrs", "outputs", "source", "id", "meta")
 
-    def __init__(self, op, inputs, attrs, outputs, source="", id=None):
+    def __init__(self, op, inputs, attrs, outputs, source="", id=None, meta=None):
         self.op = op
         self.inputs = list(inputs)
         self.attrs = dict(attrs)
         self.outputs = list(outputs)
         self.source = source
         self.id = id
+        self.meta = dict(meta or {})  # annotations of later stages (device, kernel, ...)
 
     @property
     def output(self):

@@ -27,7 +27,8 @@ class Op:
         name: the op's name (numpy/PyTorch style, e.g. ``"matmul"``).
         compute: numpy kernel ``compute(*arrays, **attrs) -> ndarray``.
         infer: shape/dtype rule ``infer(*avals, **attrs) -> AVal``; raises ShapeError/DTypeError.
-        vjp: ``vjp(g, inputs, out, **attrs) -> tuple`` of input cotangents (None = no gradient).
+        vjp: ``vjp(g, inputs, out, needs, **attrs) -> tuple`` of input cotangents (None = no
+            gradient); ``needs[i]`` tells whether input i wants one.
         jvp: ``jvp(tangents, inputs, out, **attrs) -> tangent`` (tangents may hold None = zero).
         elementwise: output element i depends only on input elements i (fusable).
         impls: extra kernels by device name, for operator selection.
@@ -48,10 +49,11 @@ class Op:
 REGISTRY: dict[str, Op] = {}
 
 
-def register(op: Op) -> Op:
-    """Add ``op`` to the registry (an op name may be defined only once)."""
-    if op.name in REGISTRY:
-        raise ValueError(f"op {op.name!r} is already registered")
+def register(op: Op, replace: bool = False) -> Op:
+    """Add ``op`` to the registry. A name is defined once unless ``replace=True`` (handy when a
+    notebook cell that defines a custom op is run again)."""
+    if op.name in REGISTRY and not replace:
+        raise ValueError(f"op {op.name!r} is already registered (pass replace=True to redefine)")
     REGISTRY[op.name] = op
     return op
 
