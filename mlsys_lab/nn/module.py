@@ -170,3 +170,26 @@ class Module:
             sub = repr(m).replace("\n", "\n  ")
             lines.append(f"  ({name}): {sub}")
         return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
+
+
+def functional_call(module, params, *args, **kwargs):
+    """Call ``module`` with its parameters replaced by ``params`` (dotted name -> Tensor), as a
+    pure function of them (like ``torch.func.functional_call``); the module is restored after."""
+    owners = {}
+    for mname, m in module.named_modules():
+        for pname in m._parameters:
+            owners[f"{mname}.{pname}" if mname else pname] = (m, pname)
+    unknown = set(params) - set(owners)
+    if unknown:
+        raise KeyError(f"functional_call: {type(module).__name__} has no parameters "
+                       f"{sorted(unknown)}")
+    saved = []
+    try:
+        for name, value in params.items():
+            m, pname = owners[name]
+            saved.append((m, pname, m._parameters[pname]))
+            object.__setattr__(m, pname, value)
+        return module(*args, **kwargs)
+    finally:
+        for m, pname, p in saved:
+            object.__setattr__(m, pname, p)

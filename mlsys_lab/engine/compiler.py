@@ -1,0 +1,260 @@
+"""``ml.compile``: trace -> passes -> operator selection -> memory plan -> arena execution.
+
+Every intermediate tensor of the compiled graph lives at its planned offset inside one arena
+(a single numpy byte buffer), and kernels write straight into those views. A planner bug therefore
+shows up as a wrong result, not only as a wrong picture. View ops (reshape, transpose,
+broadcast_to) produce numpy views of their input instead of copies, and keep that input alive.
+"""
+
+import time
+
+import numpy as np
+
+from ..errors import GraphError, MLSysError
+from . import memory
+from .pytree import flatten, unflatten
+from .registry import get
+from .runtime import Event, Timeline
+from .selection import explain_selection, select
+from .trace import trace
+
+VIEW_OPS = {"reshape": lambda x, shape: x.reshape(shape),
+            "transpose": lambda x, axes: x.transpose(axes),
+            "broadcast_to": lambda x, shape: np.broadcast_to(x, shape),
+            "identity": lambda x: x}
+
+_UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+          "maximum": np.maximum, "minimum": np.minimum, "neg": np.negative, "exp": np.exp,
+          "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
+          "abs": np.abs, "sign": np.sign, "pow": np.power}
+
+
+def _sigmoid_out(out, x):
+    np.multiply(x, 0.5, out=out)
+    np.tanh(out, out=out)
+    out += 1.0
+    out *= 0.5
+
+
+OUT_KERNELS = {
+    "relu": lambda out, x: np.maximum(x, 0, out=out),
+    "sigmoid": _sigmoid_out,
+    "matmul": lambda out, a, b: np.matmul(a, b, out=out),
+    "sum": lambda out, x, axis, keepdims: np.sum(x, axis=axis, keepdims=keepdims, out=out),
+    "cast": lambda out, x, dtype: np.copyto(out, x, casting="unsafe"),
+    "copy": lambda out, x, src, dst: np.copyto(out, x),
+}
+for _name, _uf in _UFUNC.items():
+    OUT_KERNELS[_name] = (lambda uf: lambda out, *xs: uf(*xs, out=out))(_uf)
+
+
+def _generic(kernel, aval_dtype):
+    def run(out, *arrays, **attrs):
+        np.copyto(out, kernel(*arrays, **attrs), casting="unsafe")
+    return run
+
+
+def value_lifetimes(graph, order):
+    """Lifetimes of the intermediates that need arena memory (inputs, constants and view-op
+    outputs excluded; a view keeps the tensor it looks into alive until the view's last use)."""
+    recs = {r.id: r for r in memory.lifetimes(graph, order, include_inputs=False)}
+    root = {}
+    for n in order:
+        if n.op in VIEW_OPS:
+            src = n.inputs[0]
+            root[n.outputs[0]] = root.get(src, src)
+    for view, src in root.items():
+        r = recs.pop(view)
+        if src in recs:
+            s = recs[src]
+            recs[src] = memory.Lifetime(s.id, s.size, s.start, max(s.end, r.end), s.long_lived)
+    return list(recs.values()), root
+
+
+class Compiled:
+    """A compiled function. Attributes show each stage for the notebooks:
+
+    ``source_graph`` (as traced), ``stages`` (each pass's output), ``graph`` (optimised and
+    annotated with kernels), ``lifetimes``, ``plan`` (MemoryPlan), ``timeline`` (last run).
+    """
+
+    def __init__(self, f, *example_args, passes="default", device="cpu", fallback=("cpu",),
+                 strategy="best", inplace=True, static_argnums=(), name=None):
+        self.source_graph = trace(f, *example_args, name=name, static_argnums=static_argnums)
+        self.static_argnums = static_argnums
+        self.stages = [("traced", self.source_graph)]
+        g = self.source_graph
+        if passes:
+            from .passes import default_pipeline, run_pipeline
+
+            result = run_pipeline(g, default_pipeline() if passes == "default" else passes)
+            self.stages += [(name_, gr) for name_, gr, *_ in result.stages]
+            g = result.graph
+        g = select(g, device, fallback)
+        self.stages.append((f"select({device})", g))
+        self.graph = g.lint()
+        self.order = list(g.nodes)
+        self.lifetimes, self._view_root = value_lifetimes(g, self.order)
+        pairs = []
+        if inplace:
+            ok = {r.id for r in self.lifetimes}
+            pairs = [(o, i) for o, i in memory.inplace_pairs(g, self.order)
+                     if o in ok and i in ok and get(_op_of(g, o)).elementwise]
+        self.plan = memory.plan(self.lifetimes, strategy, inplace=pairs)
+        memory.verify(self.plan, self.lifetimes)
+        self.arena = np.zeros(max(self.plan.arena_size, 1), np.uint8)
+        self._build()
+        self.timeline = Timeline()
+
+    def _view(self, v):
+        off = self.plan.offsets[v]
+        return self.arena[off:off + v.nbytes].view(v.dtype).reshape(v.shape)
+
+    def _build(self):
+        g = self.graph
+        self._slot = {}
+        env = []
+
+        def slot(v):
+            if v not in self._slot:
+                self._slot[v] = len(env)
+                env.append(None)
+            return self._slot[v]
+
+        for v in g.inputs:
+            slot(v)
+        for v, arr in g.consts.items():
+            env[slot(v)] = arr
+        self._steps = []
+        for n in self.order:
+            out = n.outputs[0]
+            ins = [slot(v) for v in n.inputs]
+            o = slot(out)
+            if n.op in VIEW_OPS:
+                self._steps.append((n, True, VIEW_OPS[n.op], o, ins, n.attrs))
+                continue
+            env[o] = self._view(out)
+            kernel = n.meta.get("kernel")
+            same = all(v.dtype == out.dtype for v in n.inputs)
+            if n.meta.get("device", "cpu") == "cpu" and n.op in OUT_KERNELS and (
+                    same or n.op in ("cast", "copy")):
+                fn = OUT_KERNELS[n.op]
+            else:
+                fn = _generic(kernel or get(n.op).compute, out.dtype)
+            self._steps.append((n, False, fn, o, ins, n.attrs))
+        self._env = env
+
+    def __call__(self, *args, out=None, profile=True):
+        """Run on new inputs (same shapes/dtypes as the examples). ``out`` optionally lists
+        arrays to write the outputs into (e.g. parameters updated in place)."""
+        g, env = self.graph, self._env
+        flat, _ = flatten([a for i, a in enumerate(args) if i not in _as_set(self.static_argnums)])
+        if len(flat) != len(g.inputs):
+            raise GraphError(f"{g.name}: expects {len(g.inputs)} inputs, got {len(flat)}")
+        for v, a in zip(g.inputs, flat):
+            a = np.asarray(a)
+            if a.shape != v.shape or a.dtype != v.dtype:
+                raise GraphError(f"{g.name}: input {v.name} expects {v.type_str()}, got "
+                                 f"{a.dtype}{list(a.shape)}")
+            env[self._slot[v]] = a
+        events = [] if profile else None
+        clock = time.perf_counter
+        for n, is_view, fn, o, ins, attrs in self._steps:
+            t0 = clock() if profile else 0.0
+            try:
+                if is_view:
+                    env[o] = fn(*[env[i] for i in ins], **attrs)
+                else:
+                    fn(env[o], *[env[i] for i in ins], **attrs)
+            except MLSysError as e:
+                raise type(e)(f"{e}\n  while running node #{n.id} {n.op}") from None
+            if profile:
+                events.append((n, t0, clock()))
+        if profile:
+            self.timeline = Timeline(
+                Event(f"{n.outputs[0].name}={n.op}", n.meta.get("device", "cpu"), "stream0",
+                      t0, t1, n.id) for n, t0, t1 in events)
+        results = []
+        outs = out if out is not None else [None] * len(g.outputs)
+        for v, dst in zip(g.outputs, outs):
+            val = env[self._slot[v]]
+            if dst is not None:
+                np.copyto(dst, val)
+                results.append(dst)
+            else:
+                results.append(np.array(val, copy=True))
+        tree = self.source_graph.out_tree
+        if tree == "auto":
+            return results[0] if len(results) == 1 else tuple(results)
+        return unflatten(tree, results)
+
+    def explain(self):
+        """Text report of every stage: pass pipeline, kernel selection, memory plan."""
+        lines = ["== stages =="]
+        for name_, gr in self.stages:
+            lines.append(f"  {name_:<28}{len(gr.nodes):>5} nodes")
+        lines += ["", "== kernel selection ==", explain_selection(self.graph), "",
+                  "== memory plan =="]
+        lb = memory.lower_bound(self.lifetimes, self.plan.alignment)
+        naive = memory.naive_size(self.lifetimes, self.plan.alignment)
+        lines.append(f"  strategy {self.plan.strategy}: arena {self.plan.arena_size} bytes, "
+                     f"lower bound {lb}, no reuse {naive}, in-place pairs "
+                     f"{len(self.plan.inplace)}")
+        return "\n".join(lines)
+
+
+def _as_set(x):
+    return {x} if isinstance(x, int) else set(x)
+
+
+def _op_of(graph, value):
+    return value.producer.op
+
+
+def compile(f, *example_args, **options):  # noqa: A001 - the public name is ml.compile
+    """Compile ``f`` for inputs shaped like ``example_args``; see :class:`Compiled`.
+
+    Options: ``passes`` ("default", a list of passes, or None), ``device`` ("cpu", "cpu-numba",
+    "cuda", "npu"), ``fallback``, ``strategy`` (memory planner), ``inplace``,
+    ``static_argnums``, ``name``.
+    """
+    return Compiled(f, *example_args, **options)
+
+
+class CompiledTrainStep:
+    """One training step — forward, backward and the SGD update — compiled into ONE graph.
+
+    ``step(x, y)`` runs it and writes the new parameters straight back into the model's
+    Parameters; returns the loss. ``compiled`` is the underlying :class:`Compiled`.
+    """
+
+    def __init__(self, model, loss_fn, example_x, example_y, lr=0.01, **options):
+        from ..nn.module import functional_call
+        from .autodiff import value_and_grad
+
+        self.model, self.lr = model, lr
+        self.names = [n for n, _ in model.named_parameters()]
+        self.params = dict(model.named_parameters())
+
+        def step(params, x, y):
+            def loss_of(p):
+                return loss_fn(functional_call(model, p, x), y)
+
+            loss, grads = value_and_grad(loss_of)(params)
+            return loss, {k: params[k] - lr * grads[k] for k in self.names}
+
+        arrays = {k: p.data for k, p in self.params.items()}
+        self.compiled = Compiled(step, arrays, example_x, example_y, name="train_step", **options)
+        self._loss = np.zeros((), self.compiled.graph.outputs[0].dtype)
+
+    def __call__(self, x, y, profile=False):
+        arrays = {k: p.data for k, p in self.params.items()}
+        x, y = np.asarray(getattr(x, "data", x)), np.asarray(getattr(y, "data", y))
+        outs = [self._loss] + [self.params[k].data for k in sorted(self.names)]
+        self.compiled(arrays, x, y, out=outs, profile=profile)
+        return float(self._loss)
+
+
+def compile_train_step(model, loss_fn, example_x, example_y, lr=0.01, **options):
+    """Compile SGD training of ``model`` under ``loss_fn(output, y)``; see CompiledTrainStep."""
+    return CompiledTrainStep(model, loss_fn, example_x, example_y, lr, **options)
