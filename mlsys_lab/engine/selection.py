@@ -51,6 +51,7 @@ class Device:
     name: str
     table: dict = field(default_factory=dict)
     launch_overhead_s: float = 0.0
+    memory: str = "host"  # devices sharing a memory space need no copies between them
 
     def lookup(self, op_name):
         if self.name == "cpu" and op_name in REGISTRY:
@@ -87,8 +88,8 @@ def _npu_table():
 DEVICES = {
     "cpu": Device("cpu"),
     "cpu-numba": Device("cpu-numba"),
-    "cuda": Device("cuda", launch_overhead_s=5e-6),
-    "npu": Device("npu", _npu_table(), launch_overhead_s=2e-4),
+    "cuda": Device("cuda", launch_overhead_s=5e-6, memory="cuda"),
+    "npu": Device("npu", _npu_table(), launch_overhead_s=2e-4, memory="npu"),
 }
 
 
@@ -166,13 +167,13 @@ def select(graph, device_name="cpu", fallback=("cpu",)):
 
     def on(v, where):
         """The value ``v`` made available on device ``where`` (inserting a copy once)."""
-        if home.get(id(v), "cpu") == where:
+        src = home.get(id(v), "cpu")
+        if DEVICES[src].memory == DEVICES[where].memory:
             return v
         key = (id(v), where)
         if key not in copies:
             out = _new_value(made, v.shape, v.dtype, f"{v.name}@{where}")
-            nodes.append(_annotated(Node("copy", [v], dict(src=home.get(id(v), "cpu"),
-                                                           dst=where), [out]),
+            nodes.append(_annotated(Node("copy", [v], dict(src=src, dst=where), [out]),
                                     where, "copy", f"move {v.name} to {where}"))
             home[id(out)] = where
             copies[key] = out
