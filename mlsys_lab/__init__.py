@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 
 from . import ops  # noqa: E402
 from .engine import tensor_methods as _tensor_methods  # noqa: E402,F401
+from .engine.compiler import compile, compile_train_step  # noqa: E402,A004
 from .engine.autodiff import grad, gradients, hvp, jvp, tape_to_graph, value_and_grad, vjp  # noqa: E402
 from .engine.dtypes import bool_, float16, float32, float64, int32, int64, uint8  # noqa: E402
 from .engine.graph import Graph  # noqa: E402

@@ -221,6 +221,31 @@ def compile(f, *example_args, **options):  # noqa: A001 - the public name is ml.
     return Compiled(f, *example_args, **options)
 
 
+def sgd_step_fn(model, loss_fn, lr):
+    """A pure function ``step(params, x, y) -> (loss, new_params)``: forward, backward and the
+    SGD update of ``model`` under ``loss_fn(output, y)``, ready to be traced into one graph."""
+    from ..nn.module import functional_call
+    from .autodiff import value_and_grad
+
+    names = [n for n, _ in model.named_parameters()]
+
+    def step(params, x, y):
+        def loss_of(p):
+            return loss_fn(functional_call(model, p, x), y)
+
+        loss, grads = value_and_grad(loss_of)(params)
+        return loss, {k: params[k] - lr * grads[k] for k in names}
+
+    return step
+
+
+def trace_train_step(model, loss_fn, example_x, example_y, lr=0.01):
+    """The training-step Graph (forward + backward + SGD update) of ``model``."""
+    arrays = {k: p.data for k, p in model.named_parameters()}
+    return trace(sgd_step_fn(model, loss_fn, lr), arrays, example_x, example_y,
+                 name="train_step")
+
+
 class CompiledTrainStep:
     """One training step — forward, backward and the SGD update — compiled into ONE graph.
 
@@ -229,28 +254,17 @@ class CompiledTrainStep:
     """
 
     def __init__(self, model, loss_fn, example_x, example_y, lr=0.01, **options):
-        from ..nn.module import functional_call
-        from .autodiff import value_and_grad
-
         self.model, self.lr = model, lr
-        self.names = [n for n, _ in model.named_parameters()]
         self.params = dict(model.named_parameters())
-
-        def step(params, x, y):
-            def loss_of(p):
-                return loss_fn(functional_call(model, p, x), y)
-
-            loss, grads = value_and_grad(loss_of)(params)
-            return loss, {k: params[k] - lr * grads[k] for k in self.names}
-
         arrays = {k: p.data for k, p in self.params.items()}
-        self.compiled = Compiled(step, arrays, example_x, example_y, name="train_step", **options)
+        self.compiled = Compiled(sgd_step_fn(model, loss_fn, lr), arrays, example_x, example_y,
+                                 name="train_step", **options)
         self._loss = np.zeros((), self.compiled.graph.outputs[0].dtype)
 
     def __call__(self, x, y, profile=False):
         arrays = {k: p.data for k, p in self.params.items()}
         x, y = np.asarray(getattr(x, "data", x)), np.asarray(getattr(y, "data", y))
-        outs = [self._loss] + [self.params[k].data for k in sorted(self.names)]
+        outs = [self._loss] + [self.params[k].data for k in sorted(self.params)]
         self.compiled(arrays, x, y, out=outs, profile=profile)
         return float(self._loss)
 
