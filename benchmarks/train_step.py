@@ -2,8 +2,10 @@
 
     python benchmarks/train_step.py [--repeats 50]
 
-Prints the median time of each and the ratio eager / numpy (target: <= 1.5x), plus the ratio to
-PyTorch eager when torch is importable (optional). Both sides use float32 and the same BLAS.
+Prints the median time of each and the ratios eager / numpy (target: <= 1.5x) and compiled /
+numpy (``ml.compile_train_step``: forward, backward and update in one planned graph; target
+<= 0.9x), plus the ratios to PyTorch eager when torch is importable (optional). Everything uses
+float32 and the same BLAS.
 """
 
 import argparse
@@ -108,8 +110,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=50)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
-    print(f"{'model':<22}{'batch':>6}{'numpy ms':>10}{'eager ms':>10}{'eager/numpy':>13}"
-          f"{'torch ms':>10}{'eager/torch':>13}")
+    print(f"{'model':<20}{'batch':>6}{'numpy ms':>10}{'eager ms':>10}{'compiled ms':>12}"
+          f"{'eager/numpy':>13}{'compiled/numpy':>16}{'torch ms':>10}{'compiled/torch':>16}")
     for sizes, batch in CONFIGS:
         x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
         y = rng.integers(0, sizes[-1], batch)
@@ -123,20 +125,25 @@ def main(argv=None):
         t_np = median_time(lambda: numpy_step(np_params, x, y), args.repeats)
         xt, yt = ml.tensor(x), ml.tensor(y)
         t_ml = median_time(lambda: mlsys_step(model, opt, xt, yt), args.repeats)
+        cmodel, _ = build_mlsys(sizes, params)
+        step = ml.compile_train_step(cmodel, ops.cross_entropy, x, y, lr=LR, passes=None)
+        l_c = step(x, y)
+        assert abs(l_c - l_np) < 1e-4 * max(1.0, abs(l_np)), (l_c, l_np)
+        t_c = median_time(lambda: step(x, y), args.repeats)
         t_torch = None
         try:
             import torch
 
-            step = torch_step_fn(params)
+            tstep = torch_step_fn(params)
             xt_, yt_ = torch.from_numpy(x), torch.from_numpy(y)
-            t_torch = median_time(lambda: step(xt_, yt_), args.repeats)
+            t_torch = median_time(lambda: tstep(xt_, yt_), args.repeats)
         except ImportError:
             pass
         name = "-".join(map(str, sizes))
-        torch_cols = (f"{t_torch * 1e3:>10.3f}{t_ml / t_torch:>12.2f}x" if t_torch
-                      else f"{'n/a':>10}{'n/a':>13}")
-        print(f"{name:<22}{batch:>6}{t_np * 1e3:>10.3f}{t_ml * 1e3:>10.3f}"
-              f"{t_ml / t_np:>12.2f}x{torch_cols}")
+        torch_cols = (f"{t_torch * 1e3:>10.3f}{t_c / t_torch:>15.2f}x" if t_torch
+                      else f"{'n/a':>10}{'n/a':>16}")
+        print(f"{name:<20}{batch:>6}{t_np * 1e3:>10.3f}{t_ml * 1e3:>10.3f}{t_c * 1e3:>12.3f}"
+              f"{t_ml / t_np:>12.2f}x{t_c / t_np:>15.2f}x{torch_cols}")
 
 
 if __name__ == "__main__":

@@ -177,8 +177,13 @@ SIN = _defop("sin", np.sin, _unary_float("sin"), lambda g, xs, y, n: (g * cos(xs
              lambda ts, xs, y: ts[0] * cos(xs[0]), elementwise=True)
 COS = _defop("cos", np.cos, _unary_float("cos"), lambda g, xs, y, n: (-g * sin(xs[0]),),
              lambda ts, xs, y: -ts[0] * sin(xs[0]), elementwise=True)
-RELU = _defop("relu", _relu_np, _unary_any, lambda g, xs, y, n: (where(xs[0] > 0, g, 0.0),),
-              lambda ts, xs, y: where(xs[0] > 0, ts[0], 0.0), elementwise=True)
+RELU_GRAD = _defop("relu_grad", lambda g, x: g * (x > 0),
+                   lambda g, x: AVal(broadcast_shapes("relu_grad", g.shape, x.shape), g.dtype),
+                   lambda u, xs, y, n: (relu_grad(u, xs[1]) if n[0] else None, None),
+                   lambda ts, xs, y: None if ts[0] is None else relu_grad(ts[0], xs[1]),
+                   elementwise=True)
+RELU = _defop("relu", _relu_np, _unary_any, lambda g, xs, y, n: (relu_grad(g, xs[0]),),
+              lambda ts, xs, y: relu_grad(ts[0], xs[0]), elementwise=True)
 ABS = _defop("abs", np.abs, _unary_any, lambda g, xs, y, n: (g * sign(xs[0]),),
              lambda ts, xs, y: ts[0] * sign(xs[0]), elementwise=True)
 SIGN = _defop("sign", np.sign, _unary_any, elementwise=True)
@@ -323,6 +328,11 @@ def cos(x):
 def relu(x):
     """max(x, 0) elementwise."""
     return apply(RELU, x)
+
+
+def relu_grad(g, x):
+    """``g`` where ``x > 0``, else 0: the gradient rule of relu as one op."""
+    return apply(RELU_GRAD, g, x)
 
 
 def abs(x):  # noqa: A001

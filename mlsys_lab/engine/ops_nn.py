@@ -76,16 +76,43 @@ def _ce_np(x, t):
     if t.size and (t.min() < 0 or t.max() >= c):
         raise OpError(f"cross_entropy: targets must lie in [0, {c}), got min {t.min()} "
                       f"max {t.max()}")
-    lp = _log_softmax_np(x, 1)
-    return -lp[np.arange(n), t].mean()
+    z = x - x.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z).sum(axis=1))
+    return (lse - np.take_along_axis(z, t[:, None], axis=1)[:, 0]).mean()
+
+
+def _ce_grad_np(x, t):
+    n = x.shape[0]
+    p = _softmax_np(x, 1)
+    p[np.arange(n), t] -= 1.0
+    p /= n
+    return p
+
+
+def _ce_grad_vjp(u, xs, y, n):
+    """d/dx of (softmax(x) - onehot(t)) / N, applied to ``u``: the softmax rule, scaled."""
+    p = softmax(xs[0], 1)
+    return (p * (u - sum(u * p, 1, True)) / float(xs[0].shape[0]), None)
+
+
+CROSS_ENTROPY_GRAD = _defop(
+    "cross_entropy_grad", _ce_grad_np, lambda x, t: AVal(tuple(x.shape), x.dtype), _ce_grad_vjp,
+    lambda ts, xs, y: None if ts[0] is None else _ce_grad_vjp(ts[0], xs, y, (True, False))[0])
 
 
 def _ce_dlogits(x, t):
-    return (softmax(x, 1) - one_hot(t, x.shape[1], x.dtype)) / float(x.shape[0])
+    """d cross_entropy / d logits = (softmax(x) - onehot(t)) / N, as one op."""
+    return apply(CROSS_ENTROPY_GRAD, x, t)
 
 
-CROSS_ENTROPY = _defop("cross_entropy", _ce_np, _ce_infer,
-                       lambda g, xs, y, n: (_ce_dlogits(*xs) * g, None),
+def _ce_vjp(g, xs, y, n):
+    d = _ce_dlogits(*xs)
+    one = (g.data is not None and not g.requires_grad and g.data.shape == ()
+           and g.data == 1)  # skip a multiply by 1
+    return (d if one else d * g, None)
+
+
+CROSS_ENTROPY = _defop("cross_entropy", _ce_np, _ce_infer, _ce_vjp,
                        lambda ts, xs, y: None if ts[0] is None
                        else sum(_ce_dlogits(*xs) * ts[0]))
 

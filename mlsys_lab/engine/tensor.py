@@ -240,6 +240,8 @@ def as_tensor(x, like_dtype=None):
 
 def lift(args):
     """Turn op arguments into Tensors, giving Python scalars the dtype of their tensor peers."""
+    if all(isinstance(a, Tensor) for a in args):  # the common case, kept fast
+        return args
     ref = None
     for a in args:
         if isinstance(a, (Tensor, np.ndarray)):
