@@ -303,13 +303,17 @@ def tape_to_graph(*outputs, name="tape"):
 
     order = list(reversed(_topo_from(outputs)))
     names = name_generator()
-    vals, inputs, nodes = {}, [], []
+    vals, inputs, nodes, consts = {}, [], [], {}
 
     def val(t):
+        """Leaves that require grad become inputs; other leaves (literals, data) constants."""
         if id(t) not in vals:
             vals[id(t)] = Value(t.name or next(names), t.shape, t.dtype)
             if t._ctx is None:
-                inputs.append(vals[id(t)])
+                if t.requires_grad or t.data is None:
+                    inputs.append(vals[id(t)])
+                else:
+                    consts[vals[id(t)]] = t.data
         return vals[id(t)]
 
     for t in order:
@@ -317,4 +321,4 @@ def tape_to_graph(*outputs, name="tape"):
         in_vals = [val(x) for x in ins]
         nodes.append(Node(op.name, in_vals, attrs, [val(t)]))
     outs = [val(o) for o in outputs]
-    return Graph(inputs, nodes, outs, name=name)
+    return Graph(inputs, nodes, outs, consts, name=name)

@@ -48,6 +48,22 @@ for _name, _uf in _UFUNC.items():
     OUT_KERNELS[_name] = (lambda uf: lambda out, *xs: uf(*xs, out=out))(_uf)
 
 
+def _fused_linear_out(out, a, w, b, activation=None):
+    np.matmul(a, w, out=out)
+    np.add(out, b, out=out, casting="unsafe")
+    if activation == "relu":
+        np.maximum(out, 0, out=out)
+
+
+def _fused_elementwise_out(out, *arrays, program):
+    from .passes.fusion import fused_elementwise_into
+
+    fused_elementwise_into(out, *arrays, program=program)
+
+
+OUT_KERNELS["fused_linear"] = _fused_linear_out
+
+
 def _generic(kernel, aval_dtype):
     def run(out, *arrays, **attrs):
         np.copyto(out, kernel(*arrays, **attrs), casting="unsafe")
@@ -136,9 +152,13 @@ class Compiled:
             env[o] = self._view(out)
             kernel = n.meta.get("kernel")
             same = all(v.dtype == out.dtype for v in n.inputs)
-            if n.meta.get("device", "cpu") == "cpu" and n.op in OUT_KERNELS and (
-                    same or n.op in ("cast", "copy")):
+            on_cpu = n.meta.get("device", "cpu") == "cpu"
+            if on_cpu and n.op in OUT_KERNELS and (same or n.op in ("cast", "copy")):
                 fn = OUT_KERNELS[n.op]
+            elif (n.op == "fused_elementwise" and n.meta.get("device") in ("cpu", "cpu-numba")
+                  and out.dtype in (np.float32, np.float64)
+                  and n.meta.get("kernel_name", "").startswith("numba")):
+                fn = _fused_elementwise_out
             else:
                 fn = _generic(kernel or get(n.op).compute, out.dtype)
             self._steps.append((n, False, fn, o, ins, n.attrs))

@@ -102,6 +102,23 @@ class Graph:
         self.relink()
 
     # --- structure ------------------------------------------------------------------------
+    def copy(self, name=None):
+        """A deep structural copy: fresh Values and Nodes (constant arrays are shared), so a
+        pass can rewrite it without touching this graph. A Value belongs to one Graph: building
+        a Graph links its values (``producer``/``users``) to it."""
+        new = {}
+
+        def cp(v):
+            if id(v) not in new:
+                new[id(v)] = Value(v.name, v.shape, v.dtype)
+            return new[id(v)]
+
+        nodes = [Node(n.op, [cp(v) for v in n.inputs], n.attrs, [cp(o) for o in n.outputs],
+                      n.source, meta=n.meta) for n in self.nodes]
+        return Graph([cp(v) for v in self.inputs], nodes, [cp(v) for v in self.outputs],
+                     {cp(v): a for v, a in self.consts.items()}, self.out_tree, self.in_tree,
+                     name or self.name)
+
     def relink(self):
         """Recompute producer/users links and node ids from the node list."""
         for v in self.values():

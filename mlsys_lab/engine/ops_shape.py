@@ -434,8 +434,23 @@ def pad(x, pad_width, value=0.0):
 
 
 def matmul(a, b):
-    """Matrix product over the last two axes, batch axes broadcast (tensors of rank >= 2)."""
-    return apply(MATMUL, a, b)
+    """Matrix product over the last two axes, batch axes broadcast. As in numpy, a 1-D operand
+    is treated as a row (left) or column (right) vector and that axis is dropped afterwards."""
+    ra, rb = _rank(a), _rank(b)
+    if ra >= 2 and rb >= 2:
+        return apply(MATMUL, a, b)
+    if ra == 0 or rb == 0:
+        raise ShapeError(f"matmul: operands must have at least 1 dimension, got shapes "
+                         f"{tuple(np.shape(a))} and {tuple(np.shape(b))}")
+    a2 = reshape(a, (1, -1)) if ra == 1 else a
+    b2 = reshape(b, (-1, 1)) if rb == 1 else b
+    out = apply(MATMUL, a2, b2)
+    shape = tuple(out.shape)
+    if ra == 1:
+        shape = shape[:-2] + shape[-1:]
+    if rb == 1:
+        shape = shape[:-1]
+    return reshape(out, shape)
 
 
 # The elementwise ops the rules above use (imported last: ops_math imports this module too).

@@ -19,6 +19,10 @@ from .registry import AVal, Op, REGISTRY, get, register
 
 F16, F32, F64 = dtypes.float16, dtypes.float32, dtypes.float64
 
+#: Ops that exist to be compiled: on ``cpu`` they run their generated Numba kernel (the numpy
+#: reference stays available as ``Op.compute`` and on other devices).
+GENERATED_ON_CPU = {"fused_elementwise"}
+
 
 @dataclass(frozen=True)
 class KernelInfo:
@@ -56,6 +60,11 @@ class Device:
     def lookup(self, op_name):
         if self.name == "cpu" and op_name in REGISTRY:
             op = REGISTRY[op_name]
+            if op_name in GENERATED_ON_CPU and "cpu-numba" in op.impls:
+                impl = op.impls["cpu-numba"]
+                return KernelInfo(op_name, "cpu", impl["kernel"],
+                                  tuple(np.dtype(d) for d in impl.get("dtypes", ())),
+                                  name=f"numba.{op_name}")
             return KernelInfo(op_name, "cpu", op.compute, name=f"numpy.{op_name}")
         info = self.table.get(op_name)
         if info is None:
@@ -157,6 +166,7 @@ def select(graph, device_name="cpu", fallback=("cpu",)):
     first device in ``fallback`` that has a kernel. Values that cross devices get ``copy`` nodes.
     The reason for every decision is recorded in ``meta['choice']``.
     """
+    graph = graph.copy()  # selection rewrites values; never touch the caller's graph
     dev = device(device_name)
     fallbacks = [device(f) for f in fallback]
     made = []

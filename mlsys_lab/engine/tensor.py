@@ -197,11 +197,15 @@ class Tensor:
 
 
 def _where(t):
+    from .graph import user_source_line
+
     v = getattr(t, "_value", None)
     node = getattr(v, "producer", None)
+    here = user_source_line()
+    out = f"\n  at {here}" if here else ""
     if node is not None and node.source:
-        return f" (value produced at {node.source})"
-    return ""
+        out += f"\n  (the value was produced at {node.source})"
+    return out
 
 
 def _to_array(data, dtype=None):

@@ -29,6 +29,9 @@ class _SVG:
     def _repr_svg_(self):
         return self.svg
 
+    def __repr__(self):
+        return "<graph drawing (SVG)>"
+
 
 def show_graph(graph, highlight=(), live=(), rankdir="TB"):
     """Display ``graph`` (a Graph or DOT text) in a notebook.

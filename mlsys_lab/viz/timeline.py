@@ -1,5 +1,7 @@
 """Schedule timeline (Gantt chart): one row per device/worker, one bar per executed node."""
 
+import zlib
+
 
 def plot_timeline(timeline, ax=None, title=None):
     """Draw ``timeline`` (records with node, device, worker, start, end in seconds) and return
@@ -17,7 +19,7 @@ def plot_timeline(timeline, ax=None, title=None):
     for e in events:
         row = lanes.index((e.device, e.worker))
         ax.barh(row, (e.end - e.start) * 1e3, left=(e.start - t0) * 1e3, height=0.6,
-                color=cmap(hash(e.node) % 10), edgecolor="black")
+                color=cmap(zlib.crc32(e.node.split("=")[-1].encode()) % 10), edgecolor="black")
         ax.text((e.start - t0 + (e.end - e.start) / 2) * 1e3, row, e.node, ha="center",
                 va="center", fontsize=7)
     ax.set_yticks(range(len(lanes)))

@@ -1,0 +1,58 @@
+"""Graph passes: pure ``Graph -> Graph`` functions with a name (book chapters 6 and 7).
+
+    from mlsys_lab.engine.passes import run_pipeline, constant_folding, split_concat
+    result = run_pipeline(graph, [constant_folding, "cse", split_concat(max_inputs=63)])
+    result.graph; result.stages; print(result.table())
+
+Frontend: constant folding, dead code elimination, common subexpression elimination, algebraic
+simplification. Backend: transpose cancelling, Concat splitting, NCHW -> NHWC layout
+transformation, precision lowering, elementwise fusion (one generated Numba kernel) and
+matmul/conv + bias + activation fusion.
+"""
+
+from .backend import (
+                      cancel_transposes,
+                      fuse_matmul_bias_act,
+                      layout_transform,
+                      lower_precision,
+                      split_concat,
+)
+from .frontend import (
+                      algebraic_simplification,
+                      common_subexpression_elimination,
+                      constant_folding,
+                      cse,
+                      dce,
+                      dead_code_elimination,
+)
+from .fusion import fuse_elementwise
+from .pipeline import PipelineResult, Stage, as_pass, pipeline, run_pipeline
+from .rewrite import Pass, Rewriter, clone, graph_pass
+
+#: Every pass by name (pipelines accept these names).
+PASSES = {p.name: p for p in (
+    constant_folding, dead_code_elimination, common_subexpression_elimination,
+    algebraic_simplification, cancel_transposes, split_concat, layout_transform,
+    lower_precision, fuse_elementwise, fuse_matmul_bias_act)}
+PASSES.update(cse=cse, dce=dce)
+
+#: The frontend clean-up most pipelines start with.
+FRONTEND = (constant_folding, algebraic_simplification, common_subexpression_elimination,
+            dead_code_elimination)
+
+
+
+def default_pipeline():
+    """What ``ml.compile`` runs by default: the frontend clean-up, transpose cancelling, then
+    matmul/conv + bias + ReLU fusion and elementwise fusion."""
+    return [*FRONTEND, cancel_transposes, fuse_matmul_bias_act, fuse_elementwise,
+            dead_code_elimination]
+
+
+__all__ = [
+    "default_pipeline", "FRONTEND", "PASSES", "Pass", "PipelineResult", "Rewriter", "Stage", "algebraic_simplification",
+    "as_pass", "cancel_transposes", "clone", "common_subexpression_elimination",
+    "constant_folding", "cse", "dce", "dead_code_elimination", "fuse_elementwise",
+    "fuse_matmul_bias_act", "graph_pass", "layout_transform", "lower_precision", "pipeline",
+    "run_pipeline", "split_concat",
+]
