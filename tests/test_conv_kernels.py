@@ -130,3 +130,25 @@ def test_errors():
         conv.conv2d_direct(np.zeros((1, 3, 5, 5)), np.zeros((2, 3, 3, 3)), layout="CHWN")
     with pytest.raises(ShapeError):
         conv.winograd_f23(np.zeros(3), np.zeros(3))
+
+
+@pytest.mark.parametrize("stride,padding", [(1, 0), (1, 1), (2, 1)])
+def test_algorithms_match_the_framework_conv2d_op(stride, padding):
+    """Every algorithm agrees with ml.ops.conv2d, in NCHW and (transposed) NHWC."""
+    import mlsys_lab as ml
+    from mlsys_lab.kernels import conv
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 7, 6))
+    w = rng.standard_normal((4, 3, 3, 3))
+    want = ml.ops.conv2d(ml.tensor(x), ml.tensor(w), stride=stride, padding=padding).numpy()
+    algos = [conv.conv2d_direct, conv.conv2d_img2col]
+    if stride == 1:
+        algos.append(lambda x, w, stride, padding, layout: conv.conv2d_winograd(
+            x, w, padding=padding, layout=layout))
+    for algo in algos:
+        np.testing.assert_allclose(algo(x, w, stride=stride, padding=padding, layout="NCHW"),
+                                   want, rtol=1e-10, atol=1e-10)
+        nhwc = algo(x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0), stride=stride,
+                    padding=padding, layout="NHWC")
+        np.testing.assert_allclose(nhwc.transpose(0, 3, 1, 2), want, rtol=1e-10, atol=1e-10)
