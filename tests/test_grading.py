@@ -430,3 +430,16 @@ def test_cli_open_launches_jupyter_lab_on_the_chapters(monkeypatch):
     monkeypatch.setattr("mlsys_lab.cli.subprocess.call", lambda cmd: calls.append(cmd) or 0)
     assert main(["open"]) == 0
     assert calls[0][:2] == ["jupyter", "lab"] and calls[0][2].endswith("chapters")
+
+
+CHAPTER_SETS = sorted(p.name for p in SOLUTIONS.glob("ch*.ipynb") if p.name != "ch00_demo.ipynb")
+
+
+@pytest.mark.parametrize("name", CHAPTER_SETS)
+def test_chapter_solution_full_marks_and_exercise_zero(name, no_leftover_processes):
+    """Every chapter's reference solutions score full marks; its student version scores zero
+    and still runs to the end."""
+    full = grade(SOLUTIONS / name, cell_timeout=120, timeout=600)
+    assert full.total == full.max > 0 and full.notes == [], full.to_table()
+    stub = grade(EXERCISES / name, cell_timeout=120, timeout=600)
+    assert (stub.total, stub.max) == (0, full.max), stub.to_table()

@@ -303,12 +303,17 @@ class Graph:
             env[id(v)] = t
         for v, arr in self.consts.items():
             env[id(v)] = as_tensor(arr)
-        for n in self.nodes:
+        last = {id(v): i for i, n in enumerate(self.nodes) for v in n.inputs}
+        keep = set(map(id, self.outputs))
+        for i, n in enumerate(self.nodes):
             try:
                 env[id(n.outputs[0])] = apply(get(n.op), *[env[id(v)] for v in n.inputs],
                                               **n.attrs)
             except MLSysError as e:
                 raise type(e)(f"{e}\n  while running node {_node_label(n)}{_at(n)}") from None
+            for v in n.inputs:  # release each intermediate after its last reader
+                if last[id(v)] == i and id(v) not in keep and v.producer is not None:
+                    env.pop(id(v), None)
         outs = [env[id(v)] for v in self.outputs]
         if self.out_tree == "auto":
             return outs[0] if len(outs) == 1 else tuple(outs)
