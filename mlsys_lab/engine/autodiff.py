@@ -46,10 +46,16 @@ def _reaches(order, targets):
     return useful
 
 
-def _backprop(outputs, cotangents, targets, retain_graph, create_graph):
-    """Push ``cotangents`` from ``outputs`` back to ``targets``; returns {id(target): grad}."""
-    order = _topo_from(outputs)
-    useful = _reaches(order, targets)
+def _backprop(outputs, cotangents, targets, retain_graph, create_graph, order=None):
+    """Push ``cotangents`` from ``outputs`` back to ``targets``; returns {id(target): grad}.
+
+    ``order`` may pass in the tape order already computed; then every taped tensor is assumed
+    to lead to a target (true when the targets are all the leaves that require grad)."""
+    if order is None:
+        order = _topo_from(outputs)
+        useful = _reaches(order, targets)
+    else:
+        useful = None
     target_ids = set(map(id, targets))
     grads = {}  # id(tensor) -> accumulated cotangent
     for o, g in zip(outputs, cotangents):
@@ -61,7 +67,7 @@ def _backprop(outputs, cotangents, targets, retain_graph, create_graph):
             g = grads.pop(id(t), None)
             if id(t) in target_ids:
                 result[id(t)] = g
-            if g is None or id(t) not in useful:
+            if g is None or (useful is not None and id(t) not in useful):
                 continue
             if t._freed:
                 raise GraphError(
@@ -69,12 +75,13 @@ def _backprop(outputs, cotangents, targets, retain_graph, create_graph):
                     "values were freed by the first backward); call backward(retain_graph=True) "
                     "the first time if you need to backward twice")
             op, inputs, attrs = t._ctx
-            needs = tuple(x.requires_grad and id(x) in useful for x in inputs)
+            needs = tuple(x.requires_grad and (useful is None or id(x) in useful)
+                          for x in inputs)
             gs = op.vjp(g, inputs, t, needs, **attrs)
             for x, gx, need in zip(inputs, gs, needs):
                 if gx is None or not need:
                     continue
-                if tuple(gx.shape) != tuple(x.shape):
+                if gx.shape != x.shape:
                     raise ShapeError(f"backward: the VJP rule of {op.name} returned a gradient "
                                      f"of shape {tuple(gx.shape)} for an input of shape "
                                      f"{tuple(x.shape)}")
@@ -117,7 +124,7 @@ def backward(out, grad=None, retain_graph=False, create_graph=False):
     leaves = [x for t in order for x in t._ctx[1] if x.requires_grad and x._ctx is None]
     leaves = list({id(x): x for x in leaves}.values()) or ([out] if out._ctx is None else [])
     res = _backprop([out], [_seed(out, grad)], leaves, retain_graph or create_graph,
-                    create_graph)
+                    create_graph, order=order)
     for leaf in leaves:
         g = res.get(id(leaf))
         if g is None:

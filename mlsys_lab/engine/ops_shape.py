@@ -326,7 +326,7 @@ def _matmul_infer(a, b):
 
 def _mT(x):
     r = len(x.shape)
-    return transpose(x, tuple(range(r - 2)) + (r - 1, r - 2))
+    return apply(TRANSPOSE, x, axes=tuple(range(r - 2)) + (r - 1, r - 2))
 
 
 MATMUL = _defop("matmul", np.matmul, _matmul_infer,
