@@ -45,7 +45,7 @@ def chain_graph(n):
 
     def f(x):
         keep = [x]
-        for i in range(n // 4):
+        for _ in range(n // 4):
             x = ops.tanh(x @ w + keep[max(0, len(keep) - 3)])
             x = x * 0.5
             keep.append(x)

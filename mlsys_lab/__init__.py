@@ -9,15 +9,31 @@ __version__ = "0.1.0"
 
 from . import ops  # noqa: E402
 from .engine import tensor_methods as _tensor_methods  # noqa: E402,F401
-from .engine.compiler import compile, compile_train_step  # noqa: E402,A004
 from .engine.autodiff import grad, gradients, hvp, jvp, tape_to_graph, value_and_grad, vjp  # noqa: E402
+from .engine.compiler import compile, compile_train_step  # noqa: E402,A004
 from .engine.dtypes import bool_, float16, float32, float64, int32, int64, uint8  # noqa: E402
 from .engine.graph import Graph  # noqa: E402
 from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402
 from .engine.trace import trace  # noqa: E402
 from .engine.transform import grad_graph  # noqa: E402
-from .errors import (CheckpointError, CycleError, DTypeError, GraphError, MLSysError,  # noqa: E402
-                     OpError, ShapeError, TraceError)
+from .errors import (  # noqa: E402
+    CheckpointError,
+    CycleError,
+    DTypeError,
+    GraphError,
+    MLSysError,
+    OpError,
+    ShapeError,
+    TraceError,
+)
+
+__all__ = [
+    "CheckpointError", "CycleError", "DTypeError", "Graph", "GraphError", "MLSysError", "OpError",
+    "ShapeError", "Tensor", "TraceError", "bool_", "compile", "compile_train_step",
+    "enable_grad", "float16", "float32", "float64", "grad", "grad_graph", "gradients", "hvp",
+    "int32", "int64", "is_grad_enabled", "jvp", "no_grad", "ones", "ops", "randn",
+    "tape_to_graph", "tensor", "trace", "uint8", "value_and_grad", "vjp", "zeros",
+]
 
 
 def zeros(shape, dtype="float32", requires_grad=False):

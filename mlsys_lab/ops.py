@@ -5,13 +5,64 @@ mode, tracing, autodiff and the compiler passes alike.
 """
 
 from .engine.control import cond
-from .engine.ops_math import (abs, add, cast, cos, div, eq, exp, ge, gt, le, log, lt, maximum,
-                              minimum, mul, ne, neg, pow, relu, sigmoid, sign, sin, sqrt, sub,
-                              tanh, where)
-from .engine.ops_nn import (avg_pool2d, batch_norm, conv2d, cross_entropy, dropout, layer_norm,
-                            log_softmax, manual_seed, max_pool2d, mse_loss, one_hot, softmax)
-from .engine.ops_shape import (argmax, broadcast_to, concatenate, getitem, identity, matmul, max,
-                               mean, pad, reshape, stack, sum, take, transpose)
+from .engine.ops_math import (
+                              abs,
+                              add,
+                              cast,
+                              cos,
+                              div,
+                              eq,
+                              exp,
+                              ge,
+                              gt,
+                              le,
+                              log,
+                              lt,
+                              maximum,
+                              minimum,
+                              mul,
+                              ne,
+                              neg,
+                              pow,
+                              relu,
+                              sigmoid,
+                              sign,
+                              sin,
+                              sqrt,
+                              sub,
+                              tanh,
+                              where,
+)
+from .engine.ops_nn import (
+                              avg_pool2d,
+                              batch_norm,
+                              conv2d,
+                              cross_entropy,
+                              dropout,
+                              layer_norm,
+                              log_softmax,
+                              manual_seed,
+                              max_pool2d,
+                              mse_loss,
+                              one_hot,
+                              softmax,
+)
+from .engine.ops_shape import (
+                              argmax,
+                              broadcast_to,
+                              concatenate,
+                              getitem,
+                              identity,
+                              matmul,
+                              max,
+                              mean,
+                              pad,
+                              reshape,
+                              stack,
+                              sum,
+                              take,
+                              transpose,
+)
 
 embedding = take
 

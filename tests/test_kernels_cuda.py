@@ -6,7 +6,6 @@ configurations run once each on a size just past one block tile.
 """
 
 import json
-import os
 
 import numpy as np
 import pytest

@@ -169,7 +169,8 @@ class Graph:
                 f"{len(self.outputs)} outputs>")
 
     def pretty(self, indent=0, sources=False):
-        """Readable text in the style of a jaxpr: ``{ lambda consts ; inputs. let ... in (outs) }``."""
+        """Readable text in the style of a jaxpr:
+        ``{ lambda consts ; inputs. let ... in (outs) }``."""
         pad = " " * indent
         big = [v for v in self.consts if not _is_literal(self.consts[v])]
         head = " ".join(map(repr, big))
@@ -195,7 +196,8 @@ class Graph:
     # --- checking ---------------------------------------------------------------------------
     def lint(self):
         """Check the graph is well formed: SSA, acyclic, ordered, and types agree with each op's
-        shape/dtype rule. Raises GraphError (CycleError for a cycle) naming the node; returns self."""
+        shape/dtype rule. Raises GraphError (CycleError for a cycle) naming the node; returns
+        self."""
         defined = set(map(id, self.inputs)) | set(map(id, self.consts))
         if len(defined) != len(self.inputs) + len(self.consts):
             raise GraphError(f"{self.name}: an input or constant value is listed twice")

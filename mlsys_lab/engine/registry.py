@@ -1,8 +1,8 @@
 """The op registry: every op is defined once and read by eager mode, tracing, autodiff and passes.
 
 An :class:`Op` bundles the op's name, its shape/dtype rule (``infer``), its numpy reference kernel
-(``compute``), its reverse-mode rule (``vjp``) and forward-mode rule (``jvp``). The rules are written
-with framework ops, so gradients are themselves differentiable. Devices can register further
+(``compute``), its reverse-mode rule (``vjp``) and forward-mode rule (``jvp``). The rules are
+written with framework ops, so gradients are themselves differentiable. Devices can register further
 kernels (``impls``) that operator selection may choose from.
 """
 

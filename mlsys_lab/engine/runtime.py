@@ -58,7 +58,7 @@ def _bind(graph, args):
     if len(flat) != len(graph.inputs):
         raise GraphError(f"{graph.name}: expects {len(graph.inputs)} inputs, got {len(flat)}")
     env = {id(v): np.asarray(a, dtype=v.dtype) for v, a in zip(graph.inputs, flat)}
-    for v, a in zip(graph.inputs, flat):
+    for v in graph.inputs:
         if env[id(v)].shape != v.shape:
             raise GraphError(f"{graph.name}: input {v.name} expects shape {v.shape}, got "
                              f"{env[id(v)].shape}")

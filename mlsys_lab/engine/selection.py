@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import GraphError
 from . import dtypes
 from .graph import Graph, Node, Value
-from .registry import AVal, Op, REGISTRY, get, register
+from .registry import REGISTRY, AVal, Op, get, register
 
 F16, F32, F64 = dtypes.float16, dtypes.float32, dtypes.float64
 
@@ -124,7 +124,7 @@ def _load_kernel_registrations():
             pass
 
 
-# --- the copy op ---------------------------------------------------------------------------------
+# --- the copy op --------------------------------------------------------------------------------
 def _copy_infer(x, src, dst):
     return AVal(tuple(x.shape), x.dtype)
 
@@ -141,7 +141,7 @@ def _copy(x, src, dst):
     return apply(COPY, x, src=src, dst=dst)
 
 
-# --- selection -------------------------------------------------------------------------------------
+# --- selection ----------------------------------------------------------------------------------
 @dataclass
 class Choice:
     """The kernel chosen for one node and why."""

@@ -237,7 +237,8 @@ def as_tensor(x, like_dtype=None):
     """``x`` as a Tensor; Python scalars take a dtype next to ``like_dtype`` (weak typing)."""
     if isinstance(x, Tensor):
         return x
-    if isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating)) and like_dtype is not None:
+    scalar = (bool, int, float, np.bool_, np.integer, np.floating)
+    if isinstance(x, scalar) and like_dtype is not None:
         return Tensor._wrap(np.asarray(x, dtype=dtypes.weak_dtype(x, like_dtype)))
     return Tensor(x)
 
@@ -280,7 +281,7 @@ def apply(op, *args, **attrs):
 
 
 def run_kernel(op, arrays, attrs):
-    """Check shapes/dtypes with ``op.infer``, run ``op.compute`` and return an array of that type."""
+    """Check shapes/dtypes with ``op.infer``, run ``op.compute``, return an array of that type."""
     aval = op.infer(*[AVal(a.shape, a.dtype) for a in arrays], **attrs)
     try:
         res = op.compute(*arrays, **attrs)

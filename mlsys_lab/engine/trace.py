@@ -37,7 +37,7 @@ class GraphBuilder:
         return t
 
     def value_of(self, t):
-        """The graph value standing for tensor ``t`` (a captured concrete tensor becomes a const)."""
+        """The graph value standing for ``t`` (a captured concrete tensor becomes a constant)."""
         if t._builder is self:
             return t._value
         if t._builder is not None:

@@ -1,10 +1,26 @@
 """Layers, losses and initialisers: ``ml.nn.Linear(784, 256)``, ``ml.nn.Sequential(...)``."""
 
 from . import init
-from .layers import (AvgPool2d, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, LayerNorm,
-                     Linear, MaxPool2d, ReLU, Sequential, Sigmoid, Tanh, cross_entropy, mse_loss)
+from .layers import (
+                     AvgPool2d,
+                     BatchNorm2d,
+                     Conv2d,
+                     Dropout,
+                     Embedding,
+                     Flatten,
+                     LayerNorm,
+                     Linear,
+                     MaxPool2d,
+                     ReLU,
+                     Sequential,
+                     Sigmoid,
+                     Tanh,
+                     cross_entropy,
+                     mse_loss,
+)
 from .module import Module, Parameter, functional_call
 
-__all__ = ["Module", "Parameter", "functional_call", "init", "Linear", "Conv2d", "BatchNorm2d", "LayerNorm",
+__all__ = ["Module", "Parameter", "functional_call", "init", "Linear", "Conv2d", "BatchNorm2d",
+           "LayerNorm",
            "Embedding", "ReLU", "Tanh", "Sigmoid", "Dropout", "Flatten", "MaxPool2d",
            "AvgPool2d", "Sequential", "cross_entropy", "mse_loss"]

@@ -102,11 +102,12 @@ def load(path):
     for key, kind in kinds.items():
         value = {"none": None, "emptydict": {}}.get(kind)
         if key in flat:
-            a = flat[key]
-            value = {"array": lambda: a, "int": lambda: int(a), "float": lambda: float(a),
-                     "bool": lambda: bool(a), "str": lambda: str(a)}[kind]()
+            value = _CONVERT[kind](flat[key])
         _insert(out, key.split("/") if key else [], value)
     return out
+
+
+_CONVERT = {"array": lambda a: a, "int": int, "float": float, "bool": bool, "str": str}
 
 
 def _insert(d, parts, value):

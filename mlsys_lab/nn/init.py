@@ -15,7 +15,7 @@ def fan_in_out(shape):
     return shape[1] * receptive, shape[0] * receptive
 
 
-def kaiming_uniform(shape, rng=None, gain=np.sqrt(2.0), dtype="float32"):
+def kaiming_uniform(shape, rng=None, gain=2.0 ** 0.5, dtype="float32"):
     """He initialisation: U(-b, b) with b = gain * sqrt(3 / fan_in) (for ReLU networks)."""
     fan_in, _ = fan_in_out(shape)
     bound = gain * np.sqrt(3.0 / fan_in)

@@ -60,7 +60,7 @@ class Module:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
-    # --- traversal -----------------------------------------------------------------------------
+    # --- traversal -------------------------------------------------------------------------------
     def named_children(self):
         return iter(self._modules.items())
 
@@ -95,7 +95,7 @@ class Module:
     def num_parameters(self):
         return int(sum(p.size for p in self.parameters()))
 
-    # --- modes -------------------------------------------------------------------------------------
+    # --- modes -----------------------------------------------------------------------------------
     def train(self, mode=True):
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
@@ -108,7 +108,7 @@ class Module:
         for p in self.parameters():
             p.grad = None
 
-    # --- state ---------------------------------------------------------------------------------------
+    # --- state -----------------------------------------------------------------------------------
     def state_dict(self):
         """An ordered dict of name -> numpy array (copies) of every parameter and buffer."""
         out = OrderedDict()
@@ -160,7 +160,7 @@ class Module:
                 m._set_buffer(bname, arr)
         return missing, unexpected
 
-    # --- printing ----------------------------------------------------------------------------------
+    # --- printing --------------------------------------------------------------------------------
     def extra_repr(self):
         return ""
 

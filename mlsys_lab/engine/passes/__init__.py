@@ -50,7 +50,8 @@ def default_pipeline():
 
 
 __all__ = [
-    "default_pipeline", "FRONTEND", "PASSES", "Pass", "PipelineResult", "Rewriter", "Stage", "algebraic_simplification",
+    "default_pipeline", "FRONTEND", "PASSES", "Pass", "PipelineResult", "Rewriter", "Stage",
+    "algebraic_simplification",
     "as_pass", "cancel_transposes", "clone", "common_subexpression_elimination",
     "constant_folding", "cse", "dce", "dead_code_elimination", "fuse_elementwise",
     "fuse_matmul_bias_act", "graph_pass", "layout_transform", "lower_precision", "pipeline",
