@@ -140,3 +140,18 @@ def test_save_refuses_objects_that_would_need_pickle(tmp_path):
         ml.save({"f": lambda: 1}, tmp_path / "x.npz")
     with pytest.raises(ml.CheckpointError, match="object array"):
         ml.save({"o": np.array([{}], dtype=object)}, tmp_path / "x.npz")
+
+
+def test_embedding_and_layernorm_layers():
+    emb = nn.Embedding(5, 3, rng=0)
+    ids = ml.tensor(np.array([[0, 4], [4, 4]]))
+    out = emb(ids)
+    np.testing.assert_array_equal(out.numpy()[1, 0], emb.weight.numpy()[4])
+    out.sum().backward()
+    counts = np.bincount([0, 4, 4, 4], minlength=5)[:, None] * np.ones((1, 3))
+    np.testing.assert_array_equal(emb.weight.grad.numpy(), counts)  # duplicates accumulate
+    ln = nn.LayerNorm(4)
+    x = ml.tensor(np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32))
+    y = ln(x).numpy()
+    np.testing.assert_allclose(y.mean(axis=1), 0, atol=1e-6)
+    np.testing.assert_allclose(y.std(axis=1), 1, atol=1e-3)
