@@ -476,3 +476,22 @@ def test_compare_table_rows():
 
 def test_module_exports():
     assert set(memory.__all__) <= set(dir(memory))
+
+
+def test_eager_outputs_are_accounted_in_the_caching_allocator():
+    import gc
+
+    import mlsys_lab as ml
+    from mlsys_lab.engine.memory import track_memory
+
+    x = ml.tensor(np.ones((64, 64), np.float32), requires_grad=True)
+    with track_memory() as alloc:
+        for _ in range(3):
+            y = (ml.ops.tanh(x @ x) * 2.0).sum()
+            y.backward()
+            del y
+            gc.collect()
+        stats = alloc.stats()
+    assert stats["num_mallocs"] > 0 and stats["num_frees"] == stats["num_mallocs"]
+    assert stats["allocated_bytes"] == 0 and stats["peak_allocated"] >= 3 * 64 * 64 * 4
+    assert stats["cache_hits"] > stats["num_mallocs"] // 2  # later steps reuse cached blocks

@@ -30,6 +30,7 @@ __all__ = [
     "inplace_pairs",
     "Block",
     "CachingAllocator",
+    "track_memory",
 ]
 
 
@@ -770,3 +771,11 @@ class CachingAllocator:
         if high.next is not None:
             high.next.prev = low
         return low
+
+
+def track_memory(allocator=None):
+    """Account eager-mode op outputs in a :class:`CachingAllocator` (see
+    :func:`mlsys_lab.engine.tensor.track_memory`)."""
+    from .tensor import track_memory as _track
+
+    return _track(allocator)

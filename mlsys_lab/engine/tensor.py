@@ -18,6 +18,7 @@ from .registry import AVal
 
 
 class _Mode:
+    allocator = None  # a CachingAllocator that accounts eager outputs (see track_memory)
     grad_enabled = True
     forward_depth = 0  # >0 while ml.jvp is running
     forward_suspended = 0  # >0 while a JVP rule itself runs
@@ -267,6 +268,8 @@ def apply(op, *args, **attrs):
             break
     if builder is None:
         out = Tensor._wrap(run_kernel(op, [t.data for t in ts], attrs))
+        if MODE.allocator is not None:
+            _account(out)
     else:
         out = builder.emit(op, ts, attrs)
     if MODE.grad_enabled and op.vjp is not None:
@@ -278,6 +281,37 @@ def apply(op, *args, **attrs):
     if MODE.forward_depth and not MODE.forward_suspended:
         _push_tangent(op, ts, out, attrs)
     return out
+
+
+def _account(t):
+    """Book the tensor's bytes in the tracking allocator; free them when it is collected."""
+    import weakref
+
+    alloc = MODE.allocator
+    block = alloc.malloc(t.data.nbytes)
+    weakref.finalize(t, _free_quietly, alloc, block)
+
+
+def _free_quietly(alloc, block):
+    try:
+        alloc.free(block)
+    except ValueError:  # the allocator was emptied or replaced meanwhile
+        pass
+
+
+@contextlib.contextmanager
+def track_memory(allocator=None):
+    """Account every eager op output in a caching allocator (like PyTorch's CUDA caching
+    allocator): a block is taken when the output is made and returned to the cache when the
+    tensor is garbage-collected. Yields the allocator; read ``allocator.stats()``."""
+    from .memory import CachingAllocator
+
+    alloc = allocator or CachingAllocator()
+    prev, MODE.allocator = MODE.allocator, alloc
+    try:
+        yield alloc
+    finally:
+        MODE.allocator = prev
 
 
 def run_kernel(op, arrays, attrs):
