@@ -146,3 +146,16 @@ def test_compiled_training_steps_of_real_models(make):
         assert l1 == pytest.approx(loss.item(), rel=1e-4)
     for p, q in zip(a.parameters(), b.parameters()):
         np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device, kernel", [("cpu-numba", "numba.matmul_packed"),
+                                            ("cuda", "cuda.matmul_double_buffer")])
+def test_selection_picks_the_registered_numba_kernels(device, kernel):
+    a = RNG.standard_normal((37, 29)).astype(F32)
+    b = RNG.standard_normal((29, 53)).astype(F32)
+    c = Compiled(lambda x, y: ops.relu(x @ y), a, b, passes=None, device=device)
+    (mm,) = [n for n in c.graph.nodes if n.op == "matmul"]
+    assert mm.meta["choice"].kernel == kernel and mm.meta["device"] == device
+    np.testing.assert_allclose(c(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
+    copies = [n for n in c.graph.nodes if n.op == "copy"]
+    assert (len(copies) > 0) == (device == "cuda")  # host and cpu-numba share memory
