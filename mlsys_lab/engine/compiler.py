@@ -64,6 +64,17 @@ def _fused_elementwise_out(out, *arrays, program):
 OUT_KERNELS["fused_linear"] = _fused_linear_out
 
 
+def _relu_grad_out(out, g, x):
+    """One pass over memory with the generated kernel (numpy would build a bool temporary)."""
+    if out.dtype in (np.float32, np.float64) and g.shape == x.shape == out.shape:
+        _fused_elementwise_out(out, g, x, program=(("relu_grad", (0, 1)),))
+    else:
+        np.multiply(g, x > 0, out=out)
+
+
+OUT_KERNELS["relu_grad"] = _relu_grad_out
+
+
 def _generic(kernel, aval_dtype):
     def run(out, *arrays, **attrs):
         np.copyto(out, kernel(*arrays, **attrs), casting="unsafe")
@@ -95,7 +106,7 @@ class Compiled:
     """
 
     def __init__(self, f, *example_args, passes="default", device="cpu", fallback=("cpu",),
-                 strategy="best", inplace=True, static_argnums=(), name=None):
+                 strategy="best", inplace=True, static_argnums=(), name=None, donate=()):
         self.source_graph = trace(f, *example_args, name=name, static_argnums=static_argnums)
         self.static_argnums = static_argnums
         self.stages = [("traced", self.source_graph)]
@@ -111,6 +122,8 @@ class Compiled:
         self.graph = g.lint()
         self.order = list(g.nodes)
         self.lifetimes, self._view_root = value_lifetimes(g, self.order)
+        self.donated = self._donations(donate)
+        self.lifetimes = [r for r in self.lifetimes if r.id not in self.donated]
         pairs = []
         if inplace:
             ok = {r.id for r in self.lifetimes}
@@ -121,6 +134,28 @@ class Compiled:
         self.arena = np.zeros(max(self.plan.arena_size, 1), np.uint8)
         self._build()
         self.timeline = Timeline()
+
+    def _donations(self, donate):
+        """Output value -> input value whose buffer it may overwrite.
+
+        ``donate`` lists (input index, output index) pairs (flattened positions). A pair is
+        honoured when the output is made by an elementwise node that is the last reader of the
+        input (views of it included): then the result is written straight into the caller's
+        input array, as a training step updates its parameters in place."""
+        g, out = self.graph, {}
+        readers = {}
+        for step, n in enumerate(self.order):
+            for v in n.inputs:
+                readers.setdefault(self._view_root.get(v, v), []).append(step)
+        for i, j in donate:
+            src, dst = g.inputs[i], g.outputs[j]
+            node = dst.producer
+            if (node is None or not get(node.op).elementwise or src.aval != dst.aval
+                    or dst in g.outputs[:j] + g.outputs[j + 1:]):
+                continue
+            if max(readers.get(src, [-1])) == self.order.index(node):
+                out[dst] = src
+        return out
 
     def _view(self, v):
         off = self.plan.offsets[v]
@@ -149,7 +184,8 @@ class Compiled:
             if n.op in VIEW_OPS:
                 self._steps.append((n, True, VIEW_OPS[n.op], o, ins, n.attrs))
                 continue
-            env[o] = self._view(out)
+            if out not in self.donated:
+                env[o] = self._view(out)
             kernel = n.meta.get("kernel")
             same = all(v.dtype == out.dtype for v in n.inputs)
             on_cpu = n.meta.get("device", "cpu") == "cpu"
@@ -177,6 +213,8 @@ class Compiled:
                 raise GraphError(f"{g.name}: input {v.name} expects {v.type_str()}, got "
                                  f"{a.dtype}{list(a.shape)}")
             env[self._slot[v]] = a
+        for dst, src in self.donated.items():
+            env[self._slot[dst]] = env[self._slot[src]]
         events = [] if profile else None
         clock = time.perf_counter
         for n, is_view, fn, o, ins, attrs in self._steps:
@@ -199,7 +237,8 @@ class Compiled:
         for v, dst in zip(g.outputs, outs):
             val = env[self._slot[v]]
             if dst is not None:
-                np.copyto(dst, val)
+                if dst is not val:
+                    np.copyto(dst, val)
                 results.append(dst)
             else:
                 results.append(np.array(val, copy=True))
@@ -236,7 +275,8 @@ def compile(f, *example_args, **options):  # noqa: A001 - the public name is ml.
 
     Options: ``passes`` ("default", a list of passes, or None), ``device`` ("cpu", "cpu-numba",
     "cuda", "npu"), ``fallback``, ``strategy`` (memory planner), ``inplace``,
-    ``static_argnums``, ``name``.
+    ``static_argnums``, ``name``, ``donate`` ((input index, output index) pairs whose output
+    may be written into the caller's input array).
     """
     return Compiled(f, *example_args, **options)
 
@@ -277,6 +317,8 @@ class CompiledTrainStep:
         self.model, self.lr = model, lr
         self.params = dict(model.named_parameters())
         arrays = {k: p.data for k, p in self.params.items()}
+        n = len(arrays)  # inputs: params (sorted names), x, y; outputs: loss, params (sorted)
+        options.setdefault("donate", [(i, i + 1) for i in range(n)])
         self.compiled = Compiled(sgd_step_fn(model, loss_fn, lr), arrays, example_x, example_y,
                                  name="train_step", **options)
         self._loss = np.zeros((), self.compiled.graph.outputs[0].dtype)
