@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import GraphError, MLSysError
 from . import memory
 from .pytree import flatten, unflatten
-from .registry import get
+from .registry import REGISTRY, get
 from .runtime import Event, Timeline
 from .selection import explain_selection, select
 from .trace import trace
@@ -127,8 +127,9 @@ class Compiled:
         pairs = []
         if inplace:
             ok = {r.id for r in self.lifetimes}
-            pairs = [(o, i) for o, i in memory.inplace_pairs(g, self.order)
-                     if o in ok and i in ok and get(_op_of(g, o)).elementwise]
+            elementwise = {name for name, op in REGISTRY.items() if op.elementwise}
+            pairs = [(o, i) for o, i in memory.inplace_pairs(g, self.order, elementwise)
+                     if o in ok and i in ok]
         self.plan = memory.plan(self.lifetimes, strategy, inplace=pairs)
         memory.verify(self.plan, self.lifetimes)
         self.arena = np.zeros(max(self.plan.arena_size, 1), np.uint8)
@@ -264,10 +265,6 @@ class Compiled:
 
 def _as_set(x):
     return {x} if isinstance(x, int) else set(x)
-
-
-def _op_of(graph, value):
-    return value.producer.op
 
 
 def compile(f, *example_args, **options):  # noqa: A001 - the public name is ml.compile

@@ -91,6 +91,7 @@ def _npu_table():
              for name in ("matmul", "conv2d", "add", "relu", "mul")}
     table["concatenate"] = KernelInfo("concatenate", "npu", _npu_kernel("concatenate"),
                                       (F16, F32), max_inputs=63, name="npu.concat63")
+    table["cast"] = KernelInfo("cast", "npu", _npu_kernel("cast"), (F16, F32), name="npu.cast")
     return table
 
 
@@ -174,6 +175,7 @@ def select(graph, device_name="cpu", fallback=("cpu",)):
     for v in list(graph.inputs) + list(graph.consts):
         home[id(v)] = "cpu"
     copies = {}
+    low_of = {}  # id(float32 value) -> the float16 value it was cast up from
 
     def on(v, where):
         """The value ``v`` made available on device ``where`` (inserting a copy once)."""
@@ -201,6 +203,9 @@ def select(graph, device_name="cpu", fallback=("cpu",)):
         if info is not None and F16 in info.dtypes and info.accepts(low_avals) is None:
             ins = []
             for v in n.inputs:
+                if id(v) in low_of:  # the value was just cast up from float16: reuse that
+                    ins.append(low_of[id(v)])
+                    continue
                 v = on(v, dev.name)
                 if dtypes.is_float(v.dtype) and v.dtype != F16:
                     c = _new_value(made, v.shape, F16, f"{v.name}_f16")
@@ -218,6 +223,7 @@ def select(graph, device_name="cpu", fallback=("cpu",)):
             nodes.append(_annotated(Node("cast", [low], {"dtype": out.dtype}, [out]), dev.name,
                                     "cast", f"back to {out.dtype.name}"))
             home[id(out)] = dev.name
+            low_of[id(out)] = low
             continue
         for fb in fallbacks:
             finfo = fb.lookup(n.op)
@@ -232,8 +238,19 @@ def select(graph, device_name="cpu", fallback=("cpu",)):
                              f"node #{n.id} {n.op} with inputs "
                              f"{[f'{a.dtype}{list(a.shape)}' for a in avals]}")
     outs = [on(v, "cpu") for v in graph.outputs]
-    return Graph(graph.inputs, nodes, outs, graph.consts, graph.out_tree, graph.in_tree,
-                 f"{graph.name}@{device_name}")
+    return Graph(graph.inputs, _drop_unused(nodes, outs), outs, graph.consts, graph.out_tree,
+                 graph.in_tree, f"{graph.name}@{device_name}")
+
+
+def _drop_unused(nodes, outputs):
+    """Remove nodes whose results nothing reads (casts made redundant by float16 reuse)."""
+    needed = {id(v) for v in outputs}
+    kept = []
+    for n in reversed(nodes):
+        if any(id(o) in needed for o in n.outputs):
+            kept.append(n)
+            needed.update(id(v) for v in n.inputs)
+    return kept[::-1]
 
 
 def _annotated(node, device_name, kernel_name, reason, kernel=None):
