@@ -94,15 +94,19 @@ def torch_step_fn(params):
     return step
 
 
-def median_time(fn, repeats):
-    for _ in range(3):
-        fn()
-    times = []
+def median_times(fns, repeats):
+    """Median time of each function, measured round-robin so that drifts in machine load hit
+    every contestant alike."""
+    for fn in fns:
+        for _ in range(3):
+            fn()
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
 def main(argv=None):
@@ -122,23 +126,24 @@ def main(argv=None):
         l_np = numpy_step([(w.copy(), b.copy()) for w, b in params], x, y)
         l_ml = mlsys_step(*build_mlsys(sizes, params), ml.tensor(x), ml.tensor(y)).item()
         assert abs(l_np - l_ml) < 1e-4 * max(1.0, abs(l_np)), (l_np, l_ml)
-        t_np = median_time(lambda: numpy_step(np_params, x, y), args.repeats)
         xt, yt = ml.tensor(x), ml.tensor(y)
-        t_ml = median_time(lambda: mlsys_step(model, opt, xt, yt), args.repeats)
         cmodel, _ = build_mlsys(sizes, params)
-        step = ml.compile_train_step(cmodel, ops.cross_entropy, x, y, lr=LR, passes=None)
+        step = ml.compile_train_step(cmodel, ops.cross_entropy, x, y, lr=LR)
         l_c = step(x, y)
         assert abs(l_c - l_np) < 1e-4 * max(1.0, abs(l_np)), (l_c, l_np)
-        t_c = median_time(lambda: step(x, y), args.repeats)
-        t_torch = None
+        contestants = [lambda: numpy_step(np_params, x, y),
+                       lambda: mlsys_step(model, opt, xt, yt),
+                       lambda: step(x, y)]
         try:
             import torch
 
             tstep = torch_step_fn(params)
             xt_, yt_ = torch.from_numpy(x), torch.from_numpy(y)
-            t_torch = median_time(lambda: tstep(xt_, yt_), args.repeats)
+            contestants.append(lambda: tstep(xt_, yt_))
         except ImportError:
             pass
+        t_np, t_ml, t_c, *t_torch = median_times(contestants, args.repeats)
+        t_torch = t_torch[0] if t_torch else None
         name = "-".join(map(str, sizes))
         torch_cols = (f"{t_torch * 1e3:>10.3f}{t_c / t_torch:>15.2f}x" if t_torch
                       else f"{'n/a':>10}{'n/a':>16}")

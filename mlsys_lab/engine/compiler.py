@@ -64,15 +64,30 @@ def _fused_elementwise_out(out, *arrays, program):
 OUT_KERNELS["fused_linear"] = _fused_linear_out
 
 
-def _relu_grad_out(out, g, x):
-    """One pass over memory with the generated kernel (numpy would build a bool temporary)."""
-    if out.dtype in (np.float32, np.float64) and g.shape == x.shape == out.shape:
-        _fused_elementwise_out(out, g, x, program=(("relu_grad", (0, 1)),))
-    else:
-        np.multiply(g, x > 0, out=out)
+OUT_KERNELS["relu_grad"] = lambda out, g, x: np.multiply(g, x > 0, out=out)
 
 
-OUT_KERNELS["relu_grad"] = _relu_grad_out
+def _prebuilt_fused(node):
+    """The generated kernel of a fused_elementwise node, compiled at build time for its input
+    shapes, as ``fn(out, *arrays)``; None when the general path is needed (broadcast inputs)."""
+    from .passes.fusion import compile_kernel
+
+    out = node.outputs[0]
+    kinds = []
+    for v in node.inputs:
+        if int(np.prod(v.shape)) == 1:
+            kinds.append("s")
+        elif v.shape == out.shape and v.dtype in (out.dtype, np.dtype(bool)):
+            kinds.append("a")
+        else:
+            return None
+    kernel = compile_kernel(node.attrs["program"], tuple(kinds), out.dtype)
+
+    def run(o, *arrays, program):
+        if not o.flags.c_contiguous:  # e.g. a donated input given as a strided view
+            return _fused_elementwise_out(o, *arrays, program=program)
+        kernel(o.reshape(-1), *[a.reshape(-1) for a in arrays])
+    return run
 
 
 def _generic(kernel, aval_dtype):
@@ -195,7 +210,7 @@ class Compiled:
             elif (n.op == "fused_elementwise" and n.meta.get("device") in ("cpu", "cpu-numba")
                   and out.dtype in (np.float32, np.float64)
                   and n.meta.get("kernel_name", "").startswith("numba")):
-                fn = _fused_elementwise_out
+                fn = _prebuilt_fused(n) or _fused_elementwise_out
             else:
                 fn = _generic(kernel or get(n.op).compute, out.dtype)
             self._steps.append((n, False, fn, o, ins, n.attrs))
