@@ -131,19 +131,18 @@ def main(argv=None):
         step = ml.compile_train_step(cmodel, ops.cross_entropy, x, y, lr=LR)
         l_c = step(x, y)
         assert abs(l_c - l_np) < 1e-4 * max(1.0, abs(l_np)), (l_c, l_np)
-        contestants = [lambda: numpy_step(np_params, x, y),
-                       lambda: mlsys_step(model, opt, xt, yt),
-                       lambda: step(x, y)]
-        try:
+        t_np, t_ml, t_c = median_times([lambda: numpy_step(np_params, x, y),
+                                         lambda: mlsys_step(model, opt, xt, yt),
+                                         lambda: step(x, y)], args.repeats)
+        t_torch = None
+        try:  # timed on its own: PyTorch's OpenMP threads keep spinning after each op
             import torch
 
             tstep = torch_step_fn(params)
             xt_, yt_ = torch.from_numpy(x), torch.from_numpy(y)
-            contestants.append(lambda: tstep(xt_, yt_))
+            (t_torch,) = median_times([lambda: tstep(xt_, yt_)], args.repeats)
         except ImportError:
             pass
-        t_np, t_ml, t_c, *t_torch = median_times(contestants, args.repeats)
-        t_torch = t_torch[0] if t_torch else None
         name = "-".join(map(str, sizes))
         torch_cols = (f"{t_torch * 1e3:>10.3f}{t_c / t_torch:>15.2f}x" if t_torch
                       else f"{'n/a':>10}{'n/a':>16}")

@@ -320,6 +320,8 @@ def _matmul_infer(a, b):
                          f"ml.ops.cast")
     if a.dtype == dtypes.bool_:
         raise DTypeError("matmul: bool tensors are not supported")
+    if len(a.shape) == len(b.shape) == 2:
+        return AVal((a.shape[0], b.shape[1]), a.dtype)
     batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
     return AVal(batch + (a.shape[-2], b.shape[-1]), a.dtype)
 
