@@ -18,8 +18,7 @@ from mlsys_lab.engine import memory
 from mlsys_lab.engine.compiler import trace_train_step, value_lifetimes
 from mlsys_lab.nn import zoo
 
-STRATEGIES = ["naive", "first_fit", "best_fit", "greedy_by_size", "greedy_by_breadth",
-              "two_cursor", "best"]
+STRATEGIES = [*memory.STRATEGIES, "best"]
 
 
 def graphs():

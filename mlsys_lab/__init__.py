@@ -7,6 +7,8 @@
 
 __version__ = "0.1.0"
 
+import numpy as _np  # noqa: E402
+
 from . import ops  # noqa: E402
 from .engine import tensor_methods as _tensor_methods  # noqa: E402,F401
 from .engine.autodiff import grad, gradients, hvp, jvp, tape_to_graph, value_and_grad, vjp  # noqa: E402
@@ -38,23 +40,17 @@ __all__ = [
 
 def zeros(shape, dtype="float32", requires_grad=False):
     """A tensor of zeros."""
-    import numpy as np
-
-    return Tensor(np.zeros(shape, dtype), requires_grad=requires_grad)
+    return Tensor(_np.zeros(shape, dtype), requires_grad=requires_grad)
 
 
 def ones(shape, dtype="float32", requires_grad=False):
     """A tensor of ones."""
-    import numpy as np
-
-    return Tensor(np.ones(shape, dtype), requires_grad=requires_grad)
+    return Tensor(_np.ones(shape, dtype), requires_grad=requires_grad)
 
 
 def randn(*shape, dtype="float32", requires_grad=False, seed=None):
     """Standard-normal samples (seeded by ``seed`` for reproducibility)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
+    rng = _np.random.default_rng(seed)
     return Tensor(rng.standard_normal(shape).astype(dtype), requires_grad=requires_grad)
 
 

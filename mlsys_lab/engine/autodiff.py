@@ -12,8 +12,10 @@ import numpy as np
 
 from ..errors import GraphError, ShapeError
 from . import dtypes
+from .ops_math import cast
+from .ops_shape import IDENTITY
 from .pytree import flatten, unflatten
-from .tensor import MODE, Tensor, apply, as_tensor, enable_grad, no_grad
+from .tensor import MODE, Tensor, apply, as_tensor, enable_grad, no_grad, zeros_like
 
 
 def _topo_from(roots):
@@ -86,7 +88,7 @@ def _backprop(outputs, cotangents, targets, retain_graph, create_graph, order=No
                                      f"of shape {tuple(gx.shape)} for an input of shape "
                                      f"{tuple(x.shape)}")
                 if gx.dtype != x.dtype:
-                    gx = apply_cast(gx, x.dtype)
+                    gx = cast(gx, x.dtype)
                 grads[id(x)] = grads[id(x)] + gx if id(x) in grads else gx
             if not retain_graph:
                 t._freed = True
@@ -94,12 +96,6 @@ def _backprop(outputs, cotangents, targets, retain_graph, create_graph, order=No
         if leaf_id in target_ids and leaf_id not in result:
             result[leaf_id] = g
     return result
-
-
-def apply_cast(x, dtype):
-    from .ops_math import cast
-
-    return cast(x, dtype)
 
 
 def _seed(out, grad):
@@ -137,7 +133,8 @@ def backward(out, grad=None, retain_graph=False, create_graph=False):
 def gradients(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
               allow_unused=True):
     """Gradients of ``outputs`` with respect to ``inputs`` without touching ``.grad``
-    (like ``torch.autograd.grad``). Unused inputs get zeros."""
+    (like ``torch.autograd.grad``). Unused inputs get zeros (``allow_unused`` is accepted for
+    PyTorch compatibility and does not change that)."""
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     if grad_outputs is None:
@@ -150,9 +147,7 @@ def gradients(outputs, inputs, grad_outputs=None, retain_graph=None, create_grap
     out = []
     for x in inputs:
         g = res.get(id(x))
-        if g is None:
-            g = Tensor._wrap(np.zeros(x.shape, x.dtype))
-        out.append(g)
+        out.append(zeros_like(x) if g is None else g)
     return out
 
 
@@ -174,18 +169,12 @@ def _lift_input(x):
                         f"{t.dtype}")
     if t.requires_grad or t._tangent is not None or t.is_tracer:
         with enable_grad():
-            y = apply(_identity_op(), t)
+            y = apply(IDENTITY, t)
         y.requires_grad = True
         return y
     y = Tensor._wrap(t.data)
     y.requires_grad = True
     return y
-
-
-def _identity_op():
-    from .ops_shape import IDENTITY
-
-    return IDENTITY
 
 
 def value_and_grad(f, argnums=0, has_aux=False):
@@ -216,7 +205,7 @@ def value_and_grad(f, argnums=0, has_aux=False):
         if value.requires_grad:
             gs = gradients([value], targets, create_graph=nested or MODE.forward_depth > 0)
         else:
-            gs = [Tensor._wrap(np.zeros(x.shape, x.dtype)) for x in targets]
+            gs = [zeros_like(x) for x in targets]
         it = iter(gs)
         per_arg = [unflatten(lifted[i][0], [next(it) for _ in lifted[i][1]]) for i in nums]
         g = per_arg[0] if isinstance(argnums, int) else tuple(per_arg)
@@ -258,7 +247,7 @@ def vjp(f, *primals):
         cts, _ = flatten(cotangent)
         live = [(o, as_tensor(c)) for o, c in zip(outs, cts) if o.requires_grad]
         if not live:
-            return tuple(Tensor._wrap(np.zeros(x.shape, x.dtype)) for x in xs)
+            return tuple(zeros_like(x) for x in xs)
         gs = gradients([o for o, _ in live], xs, [c for _, c in live], retain_graph=True,
                        create_graph=nested)
         return tuple(gs)
@@ -277,12 +266,11 @@ def jvp(f, primals, tangents):
     xs = []
     for p, t in zip(primals, tangents):
         x = _lift_input(p) if _is_tracked(p) else Tensor._wrap(as_tensor(p).data)
-        x.requires_grad = x.requires_grad or _is_tracked(p)
         tt = as_tensor(t)
         if tuple(tt.shape) != tuple(x.shape):
             raise ShapeError(f"jvp: tangent shape {tuple(tt.shape)} does not match primal "
                              f"shape {tuple(x.shape)}")
-        x._tangent = tt if tt.dtype == x.dtype else apply_cast(tt, x.dtype)
+        x._tangent = tt if tt.dtype == x.dtype else cast(tt, x.dtype)
         xs.append(x)
     MODE.forward_depth += 1
     try:
@@ -291,8 +279,7 @@ def jvp(f, primals, tangents):
         MODE.forward_depth -= 1
     outs, tree = flatten(out)
     outs = [as_tensor(o) for o in outs]
-    tans = [o._tangent if o._tangent is not None else Tensor._wrap(np.zeros(o.shape, o.dtype))
-            for o in outs]
+    tans = [o._tangent if o._tangent is not None else zeros_like(o) for o in outs]
     for o in outs:
         o._tangent = None
     return unflatten(tree, outs), unflatten(tree, tans)

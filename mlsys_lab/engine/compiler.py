@@ -16,7 +16,7 @@ from .pytree import flatten, unflatten
 from .registry import REGISTRY, get
 from .runtime import Event, Timeline
 from .selection import explain_selection, select
-from .trace import trace
+from .trace import static_positions, trace
 
 VIEW_OPS = {"reshape": lambda x, shape: x.reshape(shape),
             "transpose": lambda x, axes: x.transpose(axes),
@@ -36,18 +36,6 @@ def _sigmoid_out(out, x):
     out *= 0.5
 
 
-OUT_KERNELS = {
-    "relu": lambda out, x: np.maximum(x, 0, out=out),
-    "sigmoid": _sigmoid_out,
-    "matmul": lambda out, a, b: np.matmul(a, b, out=out),
-    "sum": lambda out, x, axis, keepdims: np.sum(x, axis=axis, keepdims=keepdims, out=out),
-    "cast": lambda out, x, dtype: np.copyto(out, x, casting="unsafe"),
-    "copy": lambda out, x, src, dst: np.copyto(out, x),
-}
-for _name, _uf in _UFUNC.items():
-    OUT_KERNELS[_name] = (lambda uf: lambda out, *xs: uf(*xs, out=out))(_uf)
-
-
 def _fused_linear_out(out, a, w, b, activation=None):
     np.matmul(a, w, out=out)
     np.add(out, b, out=out, casting="unsafe")
@@ -55,16 +43,25 @@ def _fused_linear_out(out, a, w, b, activation=None):
         np.maximum(out, 0, out=out)
 
 
+#: Kernels that write into a given output array: ``fn(out, *arrays, **attrs)``.
+OUT_KERNELS = {
+    "relu": lambda out, x: np.maximum(x, 0, out=out),
+    "relu_grad": lambda out, g, x: np.multiply(g, x > 0, out=out),
+    "sigmoid": _sigmoid_out,
+    "matmul": lambda out, a, b: np.matmul(a, b, out=out),
+    "sum": lambda out, x, axis, keepdims: np.sum(x, axis=axis, keepdims=keepdims, out=out),
+    "cast": lambda out, x, dtype: np.copyto(out, x, casting="unsafe"),
+    "copy": lambda out, x, src, dst: np.copyto(out, x),
+    "fused_linear": _fused_linear_out,
+}
+for _name, _uf in _UFUNC.items():
+    OUT_KERNELS[_name] = (lambda uf: lambda out, *xs: uf(*xs, out=out))(_uf)
+
+
 def _fused_elementwise_out(out, *arrays, program):
     from .passes.fusion import fused_elementwise_into
 
     fused_elementwise_into(out, *arrays, program=program)
-
-
-OUT_KERNELS["fused_linear"] = _fused_linear_out
-
-
-OUT_KERNELS["relu_grad"] = lambda out, g, x: np.multiply(g, x > 0, out=out)
 
 
 def _prebuilt_fused(node):
@@ -90,7 +87,7 @@ def _prebuilt_fused(node):
     return run
 
 
-def _generic(kernel, aval_dtype):
+def _generic(kernel):
     def run(out, *arrays, **attrs):
         np.copyto(out, kernel(*arrays, **attrs), casting="unsafe")
     return run
@@ -124,6 +121,7 @@ class Compiled:
                  strategy="best", inplace=True, static_argnums=(), name=None, donate=()):
         self.source_graph = trace(f, *example_args, name=name, static_argnums=static_argnums)
         self.static_argnums = static_argnums
+        self._static = static_positions(static_argnums)
         self.stages = [("traced", self.source_graph)]
         g = self.source_graph
         if passes:
@@ -202,7 +200,6 @@ class Compiled:
                 continue
             if out not in self.donated:
                 env[o] = self._view(out)
-            kernel = n.meta.get("kernel")
             same = all(v.dtype == out.dtype for v in n.inputs)
             on_cpu = n.meta.get("device", "cpu") == "cpu"
             if on_cpu and n.op in OUT_KERNELS and (same or n.op in ("cast", "copy")):
@@ -212,7 +209,7 @@ class Compiled:
                   and n.meta.get("kernel_name", "").startswith("numba")):
                 fn = _prebuilt_fused(n) or _fused_elementwise_out
             else:
-                fn = _generic(kernel or get(n.op).compute, out.dtype)
+                fn = _generic(n.meta.get("kernel") or get(n.op).compute)
             self._steps.append((n, False, fn, o, ins, n.attrs))
         self._env = env
 
@@ -220,7 +217,7 @@ class Compiled:
         """Run on new inputs (same shapes/dtypes as the examples). ``out`` optionally lists
         arrays to write the outputs into (e.g. parameters updated in place)."""
         g, env = self.graph, self._env
-        flat, _ = flatten([a for i, a in enumerate(args) if i not in _as_set(self.static_argnums)])
+        flat, _ = flatten([a for i, a in enumerate(args) if i not in self._static])
         if len(flat) != len(g.inputs):
             raise GraphError(f"{g.name}: expects {len(g.inputs)} inputs, got {len(flat)}")
         for v, a in zip(g.inputs, flat):
@@ -245,9 +242,8 @@ class Compiled:
             if profile:
                 events.append((n, t0, clock()))
         if profile:
-            self.timeline = Timeline(
-                Event(f"{n.outputs[0].name}={n.op}", n.meta.get("device", "cpu"), "stream0",
-                      t0, t1, n.id) for n, t0, t1 in events)
+            self.timeline = Timeline(Event.of(n, n.meta.get("device", "cpu"), "stream0", t0, t1)
+                                     for n, t0, t1 in events)
         results = []
         outs = out if out is not None else [None] * len(g.outputs)
         for v, dst in zip(g.outputs, outs):
@@ -276,10 +272,6 @@ class Compiled:
                      f"lower bound {lb}, no reuse {naive}, in-place pairs "
                      f"{len(self.plan.inplace)}")
         return "\n".join(lines)
-
-
-def _as_set(x):
-    return {x} if isinstance(x, int) else set(x)
 
 
 def compile(f, *example_args, **options):  # noqa: A001 - the public name is ml.compile

@@ -5,13 +5,17 @@ import numpy as np
 from ..errors import DTypeError, GraphError
 from . import dtypes
 from .registry import AVal, Op, register
-from .tensor import Tensor, apply, as_tensor, no_grad
+from .tensor import apply, as_tensor, no_grad, zeros_like
 
 
-def _cond_infer(pred, *operands, true_graph, false_graph):
+def _check_pred(pred):
     if pred.dtype != dtypes.bool_ or int(np.prod(pred.shape)) != 1:
         raise DTypeError(f"cond: the predicate must be a single bool, got "
                          f"{pred.dtype}{list(pred.shape)}")
+
+
+def _cond_infer(pred, *operands, true_graph, false_graph):
+    _check_pred(pred)
     outs = []
     for g in (true_graph, false_graph):
         try:
@@ -57,8 +61,7 @@ def _cond_jvp(ts, xs, y, true_graph, false_graph):
     from .transform import jvp_graph
 
     operands = xs[1:]
-    tans = [t if t is not None else Tensor._wrap(np.zeros(x.shape, x.dtype))
-            for t, x in zip(ts[1:], operands)]
+    tans = [t if t is not None else zeros_like(x) for t, x in zip(ts[1:], operands)]
     tg, fg = jvp_graph(true_graph), jvp_graph(false_graph)
     return cond(xs[0], lambda *a: tg(*a), lambda *a: fg(*a), *operands, *tans)
 
@@ -78,9 +81,7 @@ def cond(pred, true_fn, false_fn, *operands):
     ts = [as_tensor(o) for o in operands]
     p = as_tensor(pred)
     if not p.is_tracer and not any(t.is_tracer for t in ts):
-        if p.dtype != dtypes.bool_ or p.size != 1:
-            raise DTypeError(f"cond: the predicate must be a single bool, got "
-                             f"{p.dtype}{list(p.shape)}")
+        _check_pred(p)
         return as_tensor((true_fn if bool(p.data.reshape(())) else false_fn)(*ts))
     avals = [AVal(t.shape, t.dtype) for t in ts]
     tg = trace_branch(true_fn, avals, getattr(true_fn, "__name__", "true_fn"))

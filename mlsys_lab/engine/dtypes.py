@@ -4,12 +4,11 @@ import numpy as np
 
 from ..errors import DTypeError
 
-SUPPORTED = tuple(np.dtype(d) for d in
-                  ("bool", "uint8", "int32", "int64", "float16", "float32", "float64"))
 SHORT = {"bool": "bool", "uint8": "u8", "int32": "i32", "int64": "i64",
          "float16": "f16", "float32": "f32", "float64": "f64"}
-_RANK = {np.dtype(d): i for i, d in enumerate(
-    ("bool", "uint8", "int32", "int64", "float16", "float32", "float64"))}
+#: The supported dtypes, from lowest to highest promotion rank.
+SUPPORTED = tuple(np.dtype(d) for d in SHORT)
+_RANK = {d: i for i, d in enumerate(SUPPORTED)}
 
 float32 = np.dtype("float32")
 float64 = np.dtype("float64")
@@ -38,6 +37,7 @@ def short(dt):
 
 
 def is_float(dt):
+    """Whether ``dt`` is a floating dtype."""
     return np.dtype(dt).kind == "f"
 
 

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from ..errors import CycleError, GraphError, MLSysError
+from ..errors import CycleError, GraphError, MLSysError, ShapeError
 from . import dtypes
 from .registry import AVal, get
 
@@ -158,6 +158,7 @@ class Graph:
         raise GraphError(f"no node {key!r} in graph {self.name}")
 
     def users(self, value):
+        """The nodes that read ``value`` (a copy of ``value.users``)."""
         return list(value.users)
 
     # --- printing ---------------------------------------------------------------------------
@@ -298,8 +299,6 @@ class Graph:
         for v, a in zip(self.inputs, flat):
             t = as_tensor(a)
             if tuple(t.shape) != v.shape or t.dtype != v.dtype:
-                from ..errors import ShapeError
-
                 raise ShapeError(f"{self.name}: input {v.name} expects {v.type_str()}, got "
                                  f"{dtypes.short(t.dtype)}[{','.join(map(str, t.shape))}]")
             env[id(v)] = t
@@ -325,7 +324,7 @@ class Graph:
     def to_dot(self, highlight=(), live=(), rankdir="TB"):
         """Graphviz DOT text: values are ellipses, ops are boxes. ``highlight`` node ids are
         filled orange, values named in ``live`` are filled green."""
-        live = set(live)
+        live, highlight = set(live), set(highlight)
         lines = [f'digraph "{self.name}" {{', f"  rankdir={rankdir};",
                  '  node [fontname="Helvetica", fontsize=10];']
 
@@ -342,7 +341,7 @@ class Graph:
         for v in self.consts:
             vnode(v, "const")
         for n in self.nodes:
-            fill = "orange" if n.id in set(highlight) else "white"
+            fill = "orange" if n.id in highlight else "white"
             label = f"{n.op}{_attr_str(n.attrs, short=True)}"
             lines.append(f'  n_{n.id} [label="{label}", shape=box, style="rounded,filled", '
                          f'fillcolor={fill}];')
@@ -442,7 +441,7 @@ def _node_label(n):
 
 
 def _at(n):
-    return f"\n  at {n.source}" if getattr(n, "source", "") else ""
+    return f"\n  at {n.source}" if n.source else ""
 
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -308,7 +308,7 @@ def two_cursor(records: Sequence[Lifetime], long_fraction: float = LONG_LIVED_FR
 
 
 def _best(records: Sequence[Lifetime]) -> tuple[str, dict]:
-    """Run every other registered strategy; keep the smallest arena (ties: registry order)."""
+    """Run every registered strategy; keep the smallest arena (ties: registry order)."""
     best_name, best_offsets, best_size = None, None, None
     for name, strategy in STRATEGIES.items():
         offsets = strategy(records)

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import DTypeError, ShapeError
 from . import dtypes
 from .registry import AVal, Op, register
-from .tensor import apply
+from .tensor import apply, zeros_like
 
 
 def broadcast_shapes(op, *shapes):
@@ -269,46 +269,57 @@ def minimum(a, b):
 
 
 def eq(a, b):
+    """Elementwise ``a == b`` (bool)."""
     return apply(_CMP["eq"], a, b)
 
 
 def ne(a, b):
+    """Elementwise ``a != b`` (bool)."""
     return apply(_CMP["ne"], a, b)
 
 
 def lt(a, b):
+    """Elementwise ``a < b`` (bool)."""
     return apply(_CMP["lt"], a, b)
 
 
 def le(a, b):
+    """Elementwise ``a <= b`` (bool)."""
     return apply(_CMP["le"], a, b)
 
 
 def gt(a, b):
+    """Elementwise ``a > b`` (bool)."""
     return apply(_CMP["gt"], a, b)
 
 
 def ge(a, b):
+    """Elementwise ``a >= b`` (bool)."""
     return apply(_CMP["ge"], a, b)
 
 
 def neg(x):
+    """Elementwise ``-x``."""
     return apply(NEG, x)
 
 
 def exp(x):
+    """Elementwise e**x."""
     return apply(EXP, x)
 
 
 def log(x):
+    """Elementwise natural logarithm."""
     return apply(LOG, x)
 
 
 def sqrt(x):
+    """Elementwise square root."""
     return apply(SQRT, x)
 
 
 def tanh(x):
+    """Elementwise hyperbolic tangent."""
     return apply(TANH, x)
 
 
@@ -318,10 +329,12 @@ def sigmoid(x):
 
 
 def sin(x):
+    """Elementwise sine."""
     return apply(SIN, x)
 
 
 def cos(x):
+    """Elementwise cosine."""
     return apply(COS, x)
 
 
@@ -336,10 +349,12 @@ def relu_grad(g, x):
 
 
 def abs(x):  # noqa: A001
+    """Elementwise absolute value."""
     return apply(ABS, x)
 
 
 def sign(x):
+    """Elementwise sign: -1, 0 or 1 (no gradient)."""
     return apply(SIGN, x)
 
 
@@ -351,12 +366,6 @@ def where(cond, a, b):
 def cast(x, dtype):
     """Convert ``x`` to ``dtype`` (e.g. a uint8 image to float32)."""
     return apply(CAST, x, dtype=dtypes.as_dtype(dtype, "cast"))
-
-
-def zeros_like(x):
-    from .tensor import Tensor
-
-    return Tensor._wrap(np.zeros(x.shape, x.dtype))
 
 
 # Reductions and shape ops live in ops_shape; imported here for the rules above.

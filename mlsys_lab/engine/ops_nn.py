@@ -129,13 +129,18 @@ def _mse_infer(p, t):
     return AVal((), p.dtype)
 
 
+def _mse_dpred(p, t):
+    """d mse_loss / d prediction = 2 (p - t) / N."""
+    return (p - t) * (2.0 / max(p.size, 1))
+
+
 def _mse_vjp(g, xs, y, n):
-    d = (xs[0] - xs[1]) * (2.0 / max(xs[0].size, 1)) * g
+    d = _mse_dpred(*xs) * g
     return (d if n[0] else None, -d if n[1] else None)
 
 
 MSE_LOSS = _defop("mse_loss", lambda p, t: np.mean((p - t) ** 2), _mse_infer, _mse_vjp,
-                  lambda ts, xs, y: sum((xs[0] - xs[1]) * (2.0 / max(xs[0].size, 1)) *
+                  lambda ts, xs, y: sum(_mse_dpred(*xs) *
                                         tsum(ts[0], None if ts[1] is None else -ts[1])))
 
 
@@ -299,15 +304,16 @@ def _maxpool_scatter_np(g, x, kernel, stride, padding):
     return out.reshape(n, c, hp, wp)[:, :, ph:ph + h, pw:pw + w]
 
 
+_maxpool_infer = _pool_infer("max_pool2d")
 MAX_POOL2D = _defop(
-    "max_pool2d", _maxpool_np, _pool_infer("max_pool2d"),
+    "max_pool2d", _maxpool_np, _maxpool_infer,
     lambda g, xs, y, n, kernel, stride, padding: (
         apply(MAX_POOL2D_SCATTER, g, xs[0], kernel=kernel, stride=stride, padding=padding),),
     lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
         MAX_POOL2D_SELECT, ts[0], xs[0], kernel=kernel, stride=stride, padding=padding))
 MAX_POOL2D_SELECT = _defop(
     "max_pool2d_select", _maxpool_select_np,
-    lambda u, x, kernel, stride, padding: _pool_infer("max_pool2d")(x, kernel, stride, padding),
+    lambda u, x, kernel, stride, padding: _maxpool_infer(x, kernel, stride, padding),
     lambda g, xs, y, n, kernel, stride, padding: (
         apply(MAX_POOL2D_SCATTER, g, xs[1], kernel=kernel, stride=stride, padding=padding), None),
     lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
@@ -385,6 +391,7 @@ def log_softmax(x, axis=-1):
 
 
 def one_hot(labels, num_classes, dtype="float32"):
+    """Integer ``labels`` as one-hot vectors of length ``num_classes`` (a new last axis)."""
     return apply(ONE_HOT, labels, num_classes=int(num_classes), dtype=dtypes.as_dtype(dtype))
 
 

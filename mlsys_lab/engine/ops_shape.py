@@ -7,7 +7,7 @@ import numpy as np
 from ..errors import DTypeError, ShapeError
 from . import dtypes
 from .registry import AVal, Op, register
-from .tensor import Tensor, apply
+from .tensor import apply, zeros_like
 
 
 def _defop(name, compute, infer, vjp=None, jvp=None):
@@ -91,8 +91,6 @@ def _reduce_infer(name, float_only=False):
             if a >= builtins.max(len(x.shape), 1):
                 raise ShapeError(f"{name}: axis {a} out of range for shape {tuple(x.shape)}")
         dt = x.dtype if dtypes.is_float(x.dtype) or name == "max" else dtypes.int64
-        if name == "mean":
-            dt = x.dtype
         return AVal(_reduced_shape(x.shape, axis, keepdims), dt)
     return infer
 
@@ -182,7 +180,7 @@ def _concat_vjp(g, xs, y, n, axis):
 
 
 def _concat_jvp(ts, xs, y, axis):
-    return concatenate([t if t is not None else _zeros(x) for t, x in zip(ts, xs)], axis)
+    return concatenate([t if t is not None else zeros_like(x) for t, x in zip(ts, xs)], axis)
 
 
 CONCATENATE = _defop("concatenate", lambda *xs, axis: np.concatenate(xs, axis=axis),
@@ -214,7 +212,7 @@ STACK = _defop("stack", lambda *xs, axis: np.stack(xs, axis=axis), _stack_infer,
                    getitem(g, (slice(None),) * (axis % len(g.shape)) + (i,)) if need else None
                    for i, need in enumerate(n)),
                lambda ts, xs, y, axis: stack(
-                   [t if t is not None else _zeros(x) for t, x in zip(ts, xs)], axis))
+                   [t if t is not None else zeros_like(x) for t, x in zip(ts, xs)], axis))
 
 
 # --- indexing ---------------------------------------------------------------------------------
@@ -339,12 +337,13 @@ MATMUL = _defop("matmul", np.matmul, _matmul_infer,
                                         None if ts[1] is None else matmul(xs[0], ts[1])))
 
 
-def _zeros(x):
-    return Tensor._wrap(np.zeros(x.shape, x.dtype))
-
-
 # --- public functions -------------------------------------------------------------------------
+def _rank(x):
+    return len(x.shape) if hasattr(x, "shape") else np.ndim(x)
+
+
 def identity(x):
+    """``x`` itself, as a node of its own."""
     return apply(IDENTITY, x)
 
 
@@ -363,18 +362,15 @@ def reshape(x, shape):
 
 def transpose(x, axes=None):
     """Permute axes (default: reverse them)."""
-    r = len(x.shape if hasattr(x, "shape") else np.shape(x))
+    r = _rank(x)
     axes = tuple(reversed(range(r))) if axes is None else tuple(int(a) % builtins.max(r, 1)
                                                                 for a in axes)
     return apply(TRANSPOSE, x, axes=axes)
 
 
 def broadcast_to(x, shape):
+    """Broadcast ``x`` to ``shape`` (numpy's rule); the gradient sums back to ``x``'s shape."""
     return apply(BROADCAST_TO, x, shape=tuple(int(s) for s in shape))
-
-
-def _rank(x):
-    return len(x.shape) if hasattr(x, "shape") else np.ndim(x)
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001
@@ -393,6 +389,7 @@ def max(x, axis=None, keepdims=False):  # noqa: A001
 
 
 def argmax(x, axis=None):
+    """Index of the maximum along ``axis`` (None: into the flattened tensor); int64."""
     return apply(ARGMAX, x, axis=axis)
 
 

@@ -32,6 +32,11 @@ class Event:
     end: float
     node_id: int = -1
 
+    @classmethod
+    def of(cls, node, device, worker, start, end):
+        """The Event of running graph node ``node``, labelled ``out=op``."""
+        return cls(f"{node.outputs[0].name}={node.op}", device, worker, start, end, node.id)
+
 
 class Timeline(list):
     """A list of Events with summary helpers."""
@@ -125,8 +130,7 @@ def run_serial(graph, *args, order="graph", device="cpu"):
     for n in topological_order(graph, order):
         t0 = time.perf_counter()
         env[id(n.outputs[0])] = _run_node(n, env)
-        tl.append(Event(f"{n.output.name}={n.op}", device, "worker0", t0, time.perf_counter(),
-                        n.id))
+        tl.append(Event.of(n, device, "worker0", t0, time.perf_counter()))
     return _outputs(graph, env), tl
 
 
@@ -151,7 +155,7 @@ def run_parallel(graph, *args, workers=2, device="cpu"):
             env[id(n.outputs[0])] = out
             name = threading.current_thread().name
             w = names.setdefault(name, f"worker{len(names)}")
-            tl.append(Event(f"{n.output.name}={n.op}", device, w, t0, t1, n.id))
+            tl.append(Event.of(n, device, w, t0, t1))
         return n
 
     with cf.ThreadPoolExecutor(max_workers=workers) as pool:
@@ -218,14 +222,14 @@ def run_heterogeneous(graph, *args, mode="split"):
     tl = Timeline()
     host = 0.0
     free = {}  # device -> time its stream becomes free
+    end = {}  # node id -> simulated time it finished
 
     def run(n, start):
         t0 = time.perf_counter()
         env[id(n.outputs[0])] = _run_node(n, env)
-        dur = time.perf_counter() - t0
-        dev = n.meta.get("device", "cpu")
-        tl.append(Event(f"{n.output.name}={n.op}", dev, "stream", start, start + dur, n.id))
-        return start + dur
+        end[n.id] = start + time.perf_counter() - t0
+        tl.append(Event.of(n, n.meta.get("device", "cpu"), "stream", start, end[n.id]))
+        return end[n.id]
 
     def launch(dev, what):
         nonlocal host
@@ -238,7 +242,6 @@ def run_heterogeneous(graph, *args, mode="split"):
         t = launch(graph.nodes[0].meta.get("device", "cpu") if graph.nodes else "cpu", "graph")
         for n in graph.nodes:
             t = run(n, t)
-        host = t
     elif mode == "split":
         for sub in partition(graph):
             t = launch(sub.device, f"{sub.device} subgraph")
@@ -249,8 +252,6 @@ def run_heterogeneous(graph, *args, mode="split"):
         for n in graph.nodes:
             dev = n.meta.get("device", "cpu")
             ready = launch(dev, n.op)
-            deps = [e.end for e in tl if e.node_id in
-                    {v.producer.id for v in n.inputs if v.producer is not None}]
+            deps = [end[v.producer.id] for v in n.inputs if v.producer is not None]
             free[dev] = run(n, max([ready, free.get(dev, 0.0)] + deps))
-        host = max([host] + list(free.values()))
     return _outputs(graph, env), tl

@@ -9,6 +9,7 @@
 """
 
 import contextlib
+import weakref
 
 import numpy as np
 
@@ -49,6 +50,7 @@ def enable_grad():
 
 
 def is_grad_enabled():
+    """Whether ops record on the tape now (False inside ``no_grad``)."""
     return MODE.grad_enabled
 
 
@@ -129,13 +131,17 @@ class Tensor:
         return self.data
 
     def item(self):
+        """The value of a one-element tensor as a Python number."""
         return self.numpy().item()
 
     def __array__(self, dtype=None, copy=None):
         a = self.numpy()
-        return a.astype(dtype) if dtype is not None else a
+        if dtype is not None:
+            return a.astype(dtype, copy=bool(copy))
+        return a.copy() if copy else a
 
     def tolist(self):
+        """The values as nested Python lists."""
         return self.numpy().tolist()
 
     def detach(self):
@@ -147,6 +153,7 @@ class Tensor:
         return Tensor._wrap(self.data)
 
     def requires_grad_(self, flag=True):
+        """Set ``requires_grad`` in place (floating tensors only); returns self."""
         if flag and not dtypes.is_float(self.dtype):
             raise DTypeError(f"requires_grad_: only floating tensors can require grad, "
                                    f"got {self.dtype}")
@@ -194,7 +201,6 @@ class Tensor:
             return f"Tracer({self._value.name}: {dtypes.short(self.dtype)}{list(self.shape)})"
         body = np.array2string(self.data, precision=4, separator=", ", prefix="tensor(")
         return f"tensor({body}, dtype={self.dtype.name}{extra})"
-
 
 
 def _where(t):
@@ -285,8 +291,6 @@ def apply(op, *args, **attrs):
 
 def _account(t):
     """Book the tensor's bytes in the tracking allocator; free them when it is collected."""
-    import weakref
-
     alloc = MODE.allocator
     block = alloc.malloc(t.data.nbytes)
     weakref.finalize(t, _free_quietly, alloc, block)
@@ -329,13 +333,15 @@ def run_kernel(op, arrays, attrs):
     return res
 
 
+def zeros_like(x):
+    """A zero Tensor with the shape and dtype of ``x`` (a Tensor, Value or array)."""
+    return Tensor._wrap(np.zeros(x.shape, x.dtype))
+
 
 def _push_tangent(op, ts, out, attrs):
-    if not any(t._tangent is not None for t in ts):
+    if op.jvp is None or all(t._tangent is None for t in ts):
         return
-    if op.jvp is None:
-        return
-    tangents = tuple(t._tangent if t._tangent is not None else None for t in ts)
+    tangents = tuple(t._tangent for t in ts)
     MODE.forward_suspended += 1
     try:
         tan = op.jvp(tangents, ts, out, **attrs)

@@ -24,45 +24,27 @@ def _getitem(self, key):
 
 def _install():
     T = Tensor
-    T.__add__ = lambda a, b: ops.add(a, b)
+    # Forward operators and methods are the op functions themselves (no wrapper call).
+    T.__add__, T.__sub__, T.__mul__, T.__truediv__ = ops.add, ops.sub, ops.mul, ops.div
+    T.__pow__, T.__matmul__, T.__neg__, T.__abs__ = ops.pow, ops.matmul, ops.neg, ops.abs
+    T.__eq__, T.__ne__, T.__lt__, T.__le__, T.__gt__, T.__ge__ = (
+        ops.eq, ops.ne, ops.lt, ops.le, ops.gt, ops.ge)
     T.__radd__ = lambda a, b: ops.add(b, a)
-    T.__sub__ = lambda a, b: ops.sub(a, b)
     T.__rsub__ = lambda a, b: ops.sub(b, a)
-    T.__mul__ = lambda a, b: ops.mul(a, b)
     T.__rmul__ = lambda a, b: ops.mul(b, a)
-    T.__truediv__ = lambda a, b: ops.div(a, b)
     T.__rtruediv__ = lambda a, b: ops.div(b, a)
-    T.__pow__ = lambda a, b: ops.pow(a, b)
     T.__rpow__ = lambda a, b: ops.pow(b, a)
-    T.__matmul__ = lambda a, b: ops.matmul(a, b)
     T.__rmatmul__ = lambda a, b: ops.matmul(b, a)
-    T.__neg__ = lambda a: ops.neg(a)
-    T.__abs__ = lambda a: ops.abs(a)
-    T.__eq__ = lambda a, b: ops.eq(a, b)
-    T.__ne__ = lambda a, b: ops.ne(a, b)
-    T.__lt__ = lambda a, b: ops.lt(a, b)
-    T.__le__ = lambda a, b: ops.le(a, b)
-    T.__gt__ = lambda a, b: ops.gt(a, b)
-    T.__ge__ = lambda a, b: ops.ge(a, b)
-    T.__hash__ = object.__hash__
     T.__getitem__ = _getitem
-    T.T = property(lambda a: ops.transpose(a))
-    T.sum = lambda a, axis=None, keepdims=False: ops.sum(a, axis, keepdims)
-    T.mean = lambda a, axis=None, keepdims=False: ops.mean(a, axis, keepdims)
-    T.max = lambda a, axis=None, keepdims=False: ops.max(a, axis, keepdims)
-    T.argmax = lambda a, axis=None: ops.argmax(a, axis)
+    T.T = property(ops.transpose)
+    T.sum, T.mean, T.max, T.argmax = ops.sum, ops.mean, ops.max, ops.argmax
     T.reshape = lambda a, *shape: ops.reshape(
         a, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
     T.transpose = lambda a, *axes: ops.transpose(
         a, axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else (axes or None))
-    T.exp = lambda a: ops.exp(a)
-    T.log = lambda a: ops.log(a)
-    T.relu = lambda a: ops.relu(a)
-    T.tanh = lambda a: ops.tanh(a)
-    T.sigmoid = lambda a: ops.sigmoid(a)
-    T.sqrt = lambda a: ops.sqrt(a)
-    T.cast = lambda a, dtype: ops.cast(a, dtype)
-    T.astype = T.cast
+    T.exp, T.log, T.sqrt = ops.exp, ops.log, ops.sqrt
+    T.relu, T.tanh, T.sigmoid = ops.relu, ops.tanh, ops.sigmoid
+    T.cast = T.astype = ops.cast
     T.flatten = lambda a: ops.reshape(a, (-1,))
 
 

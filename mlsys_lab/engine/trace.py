@@ -6,7 +6,7 @@ on a traced value raises a TraceError pointing to :func:`cond`, which records bo
 
 import numpy as np
 
-from ..errors import DTypeError, GraphError, MLSysError, ShapeError, TraceError
+from ..errors import DTypeError, ShapeError, TraceError
 from .graph import Graph, Node, Value, name_generator, user_source_line
 from .pytree import flatten, unflatten
 from .registry import AVal
@@ -20,8 +20,7 @@ class GraphBuilder:
         self.name = name
         self.names = name_generator()
         self.inputs, self.nodes, self.consts = [], [], {}
-        self._const_of = {}  # id(array) -> Value (a captured array becomes one constant)
-        self._keep = []  # keep captured arrays alive so their ids stay unique
+        self._const_of = {}  # id(array) -> Value; self.consts keeps the arrays (and ids) alive
 
     def new_value(self, shape, dtype):
         return Value(next(self.names), shape, dtype)
@@ -51,7 +50,6 @@ class GraphBuilder:
             v = Value(f"c{len(self.consts)}" if arr.ndim else "lit", arr.shape, arr.dtype)
             self.consts[v] = arr
             self._const_of[id(arr)] = v
-            self._keep.append(arr)
         return v
 
     def emit(self, op, ts, attrs):
@@ -86,15 +84,18 @@ class GraphBuilder:
 
 
 def _leaf_aval(x):
-    if isinstance(x, Tensor):
-        return x.shape, x.dtype
-    if isinstance(x, AVal):
+    if isinstance(x, (Tensor, AVal)):
         return x.shape, x.dtype
     if isinstance(x, (bool, int, float, np.ndarray, np.generic, list)):
-        t = as_tensor(x) if not isinstance(x, list) else Tensor(x)
+        t = as_tensor(x)
         return t.shape, t.dtype
     raise TraceError(f"trace: cannot trace an argument of type {type(x).__name__}; pass arrays, "
                      f"Tensors, numbers, or tuples/lists/dicts of them")
+
+
+def static_positions(static_argnums):
+    """``static_argnums`` (an int or an iterable of ints) as a set of positions."""
+    return {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
 
 
 def trace(f, *example_args, name=None, static_argnums=()):
@@ -107,7 +108,7 @@ def trace(f, *example_args, name=None, static_argnums=()):
         name: display name of the graph (default: ``f.__name__``).
         static_argnums: positions passed to ``f`` unchanged (Python values baked into the graph).
     """
-    static = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
+    static = static_positions(static_argnums)
     name = name or getattr(f, "__name__", "graph")
     builder = GraphBuilder(name)
     traced = [a for i, a in enumerate(example_args) if i not in static]
@@ -136,10 +137,3 @@ def trace_branch(fn, avals, name):
             raise TraceError(f"cond: branch {name} must return a single tensor, "
                              f"got {type(out).__name__}")
         return builder.build([out])
-
-
-def check_graph_call(graph, avals, op="cond"):
-    try:
-        return graph.infer(*avals)
-    except MLSysError as e:
-        raise GraphError(f"{op}: branch {graph.name} does not accept its operands: {e}") from None

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import GraphError
 from . import dtypes
 from .registry import get
-from .tensor import Tensor, conform_tangent, no_grad
+from .tensor import Tensor, apply, conform_tangent, no_grad, zeros_like
 from .trace import GraphBuilder
 
 
@@ -40,19 +40,20 @@ def _reverse(graph, env, seeds, wrt):
     return [ct.get(id(v)) for v in wrt]
 
 
-def _forward(graph, builder, inputs):
+def _bind(graph, inputs):
+    """Environment id(value) -> Tensor holding ``inputs`` and the graph's constants."""
     env = {id(v): t for v, t in zip(graph.inputs, inputs)}
     for v, arr in graph.consts.items():
         env[id(v)] = Tensor._wrap(arr)
-    from .tensor import apply
-
-    for n in graph.nodes:
-        env[id(n.outputs[0])] = apply(get(n.op), *[env[id(v)] for v in n.inputs], **n.attrs)
     return env
 
 
-def _zeros(v):
-    return Tensor._wrap(np.zeros(v.shape, v.dtype))
+def _forward(graph, inputs):
+    """Re-emit ``graph``'s nodes on ``inputs`` (into the active trace); returns the env."""
+    env = _bind(graph, inputs)
+    for n in graph.nodes:
+        env[id(n.outputs[0])] = apply(get(n.op), *[env[id(v)] for v in n.inputs], **n.attrs)
+    return env
 
 
 def grad_graph(graph, wrt=None, name=None):
@@ -69,11 +70,12 @@ def grad_graph(graph, wrt=None, name=None):
     b = GraphBuilder(name or f"grad_{graph.name}")
     with b, no_grad():
         ins = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
-        env = _forward(graph, b, ins)
+        env = _forward(graph, ins)
         y = env[id(graph.outputs[0])]
         seed = Tensor._wrap(np.ones(y.shape, y.dtype))
         gs = _reverse(graph, env, [seed], [graph.inputs[i] for i in wrt])
-        outs = [y] + [g if g is not None else _zeros(graph.inputs[i]) for g, i in zip(gs, wrt)]
+        outs = [y] + [g if g is not None else zeros_like(graph.inputs[i])
+                      for g, i in zip(gs, wrt)]
         return b.build(outs, out_tree=(tuple, [None] * len(outs)))
 
 
@@ -84,9 +86,9 @@ def vjp_graph(graph, name=None):
         ins = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
         (out,) = graph.outputs
         ct = b.add_input(out.shape, out.dtype)
-        env = _forward(graph, b, ins)
+        env = _forward(graph, ins)
         gs = _reverse(graph, env, [ct], graph.inputs)
-        outs = [g if g is not None else _zeros(v) for g, v in zip(gs, graph.inputs)]
+        outs = [g if g is not None else zeros_like(v) for g, v in zip(gs, graph.inputs)]
         return b.build(outs, out_tree=(tuple, [None] * len(outs)))
 
 
@@ -96,12 +98,8 @@ def jvp_graph(graph, name=None):
     with b, no_grad():
         ins = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
         tans = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
-        env = {id(v): t for v, t in zip(graph.inputs, ins)}
+        env = _bind(graph, ins)
         tan = {id(v): t for v, t in zip(graph.inputs, tans)}
-        for v, arr in graph.consts.items():
-            env[id(v)] = Tensor._wrap(arr)
-        from .tensor import apply
-
         for n in graph.nodes:
             op = get(n.op)
             xs = [env[id(v)] for v in n.inputs]
@@ -114,4 +112,4 @@ def jvp_graph(graph, name=None):
                     tan[id(n.outputs[0])] = t
         (out,) = graph.outputs
         t = tan.get(id(out))
-        return b.build([t if t is not None else _zeros(out)])
+        return b.build([t if t is not None else zeros_like(out)])

@@ -294,6 +294,15 @@ def _ckpt_file(save_checkpoint, load_checkpoint):
             )
 
 
+def _round_trip(save_checkpoint, load_checkpoint, model, opt, into, into_opt):
+    """Save ``model`` and ``opt`` with the student's function, then load them into ``into`` and
+    ``into_opt`` (through a file in a temporary folder)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "ckpt.npz")
+        save_checkpoint(path, model, opt)
+        load_checkpoint(path, into, into_opt)
+
+
 def _ckpt_predictions(save_checkpoint, load_checkpoint):
     import mlsys_lab as ml
 
@@ -303,10 +312,7 @@ def _ckpt_predictions(save_checkpoint, load_checkpoint):
     _train_steps(model, opt, 3, 64)
     fresh = _mlp(99)
     fresh_opt = ml.optim.Adam(fresh.parameters(), lr=0.01)
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "ckpt.npz")
-        save_checkpoint(path, model, opt)
-        load_checkpoint(path, fresh, fresh_opt)
+    _round_trip(save_checkpoint, load_checkpoint, model, opt, fresh, fresh_opt)
     with ml.no_grad():
         a, b = model(ml.tensor(X)).numpy(), fresh(ml.tensor(X)).numpy()
     if not np.array_equal(a, b):
@@ -326,10 +332,7 @@ def _ckpt_resume(save_checkpoint, load_checkpoint):
     _train_steps(model, opt, 3, 71)
     resumed = _mlp(72)
     resumed_opt = ml.optim.Adam(resumed.parameters(), lr=0.01)
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "ckpt.npz")
-        save_checkpoint(path, model, opt)
-        load_checkpoint(path, resumed, resumed_opt)
+    _round_trip(save_checkpoint, load_checkpoint, model, opt, resumed, resumed_opt)
     _train_steps(model, opt, 3, 73)  # uninterrupted
     _train_steps(resumed, resumed_opt, 3, 73)  # stopped, saved, restored, continued
     same = all(

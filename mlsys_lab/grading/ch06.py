@@ -421,29 +421,19 @@ def _cse_pure(cse):
 # ----------------------------------------------------------------------------- 6.4 folding
 
 
-def _freeze(graph, frozen):
-    """Turn the inputs at positions ``frozen`` (dict position -> array) into constants."""
-    from mlsys_lab.engine.graph import Graph
-
-    consts = dict(graph.consts)
-    for i, arr in frozen.items():
-        consts[graph.inputs[i]] = np.asarray(arr, dtype=graph.inputs[i].dtype)
-    inputs = [v for i, v in enumerate(graph.inputs) if i not in frozen]
-    return Graph(inputs, graph.nodes, graph.outputs, consts, name=f"frozen({graph.name})").lint()
-
-
 def _folded_graphs():
     import mlsys_lab as ml
+    from mlsys_lab.engine.passes.testing import bind_inputs
 
     def small(x, w):
         return x * (w * 2.0 + 1.0)
 
     x, w = random_inputs(5)
-    out = [("x * (w*2 + 1), w frozen", _freeze(ml.trace(small, x, w), {1: w}), [x])]
+    out = [("x * (w*2 + 1), w frozen", bind_inputs(ml.trace(small, x, w), {1: w}), [x])]
     for seed in range(6):
         args = random_inputs(50 + seed, n_inputs=3)
         g = ml.trace(random_program(50 + seed, n_inputs=3, n_ops=14, repeat=0.2), *args)
-        frozen = _freeze(g, {1: args[1], 2: args[2]})
+        frozen = bind_inputs(g, {1: args[1], 2: args[2]})
         out.append((f"random graph #{seed}, 2 of 3 inputs frozen", frozen, [args[0]]))
     return out
 

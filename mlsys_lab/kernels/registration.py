@@ -4,8 +4,6 @@ Imported by :func:`mlsys_lab.engine.selection.device` the first time a device is
 (importing numba.cuda is not free, so ``import mlsys_lab`` does not do it).
 """
 
-
-
 from ..engine.registry import register_impl
 
 

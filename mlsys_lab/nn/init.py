@@ -30,12 +30,15 @@ def xavier_uniform(shape, rng=None, gain=1.0, dtype="float32"):
 
 
 def normal(shape, rng=None, std=0.01, dtype="float32"):
+    """N(0, std**2) samples."""
     return (_rng(rng).standard_normal(shape) * std).astype(dtype)
 
 
 def zeros(shape, dtype="float32"):
+    """An array of zeros."""
     return np.zeros(shape, dtype)
 
 
 def ones(shape, dtype="float32"):
+    """An array of ones."""
     return np.ones(shape, dtype)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from .. import ops
-from ..engine.tensor import Tensor, no_grad
+from ..engine.tensor import Tensor
 from ..errors import ShapeError
 from . import init
 from .module import Module, Parameter
@@ -110,16 +110,22 @@ class Embedding(Module):
 
 
 class ReLU(Module):
+    """``relu(x)`` as a layer."""
+
     def forward(self, x):
         return ops.relu(x)
 
 
 class Tanh(Module):
+    """``tanh(x)`` as a layer."""
+
     def forward(self, x):
         return ops.tanh(x)
 
 
 class Sigmoid(Module):
+    """``sigmoid(x)`` as a layer."""
+
     def forward(self, x):
         return ops.sigmoid(x)
 
@@ -146,6 +152,8 @@ class Flatten(Module):
 
 
 class MaxPool2d(Module):
+    """Max pooling over NCHW input (stride defaults to the window size)."""
+
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
@@ -155,6 +163,8 @@ class MaxPool2d(Module):
 
 
 class AvgPool2d(MaxPool2d):
+    """Average pooling over NCHW input (zero padding counts towards the mean)."""
+
     def forward(self, x):
         return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
 
@@ -182,14 +192,10 @@ class Sequential(Module):
         return x
 
 
-def cross_entropy(logits, targets):
-    return ops.cross_entropy(logits, targets)
-
-
-def mse_loss(pred, target):
-    return ops.mse_loss(pred, target)
+cross_entropy = ops.cross_entropy
+mse_loss = ops.mse_loss
 
 
 __all__ = ["Linear", "Conv2d", "BatchNorm2d", "LayerNorm", "Embedding", "ReLU", "Tanh",
            "Sigmoid", "Dropout", "Flatten", "MaxPool2d", "AvgPool2d", "Sequential",
-           "cross_entropy", "mse_loss", "no_grad"]
+           "cross_entropy", "mse_loss"]

@@ -8,6 +8,11 @@ from ..engine.tensor import Tensor
 from ..errors import CheckpointError
 
 
+def _join(prefix, name):
+    """Dotted name of ``name`` inside the module called ``prefix`` ('' for the root)."""
+    return f"{prefix}.{name}" if prefix else name
+
+
 class Parameter(Tensor):
     """A Tensor that a Module registers as trainable (requires_grad by default)."""
 
@@ -70,7 +75,7 @@ class Module:
     def named_modules(self, prefix=""):
         yield prefix, self
         for name, m in self._modules.items():
-            yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+            yield from m.named_modules(_join(prefix, name))
 
     def modules(self):
         return (m for _, m in self.named_modules())
@@ -82,29 +87,35 @@ class Module:
             for pname, p in m._parameters.items():
                 if id(p) not in seen:
                     seen.add(id(p))
-                    yield (f"{mname}.{pname}" if mname else pname), p
+                    yield _join(mname, pname), p
 
     def parameters(self):
+        """The Parameters of this module and its children, as a list."""
         return [p for _, p in self.named_parameters()]
 
     def named_buffers(self):
+        """(dotted name, owning module, attribute name, array) for every buffer."""
         for mname, m in self.named_modules():
             for bname, b in m._buffers.items():
-                yield (f"{mname}.{bname}" if mname else bname), m, bname, b
+                yield _join(mname, bname), m, bname, b
 
     def num_parameters(self):
+        """Total number of parameter elements."""
         return int(sum(p.size for p in self.parameters()))
 
     # --- modes -----------------------------------------------------------------------------------
     def train(self, mode=True):
+        """Set training mode (``mode=True``) or evaluation mode on every submodule."""
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
         return self
 
     def eval(self):
+        """Evaluation mode: ``train(False)``."""
         return self.train(False)
 
     def zero_grad(self):
+        """Clear every parameter's ``.grad``."""
         for p in self.parameters():
             p.grad = None
 
@@ -178,7 +189,7 @@ def functional_call(module, params, *args, **kwargs):
     owners = {}
     for mname, m in module.named_modules():
         for pname in m._parameters:
-            owners[f"{mname}.{pname}" if mname else pname] = (m, pname)
+            owners[_join(mname, pname)] = (m, pname)
     unknown = set(params) - set(owners)
     if unknown:
         raise KeyError(f"functional_call: {type(module).__name__} has no parameters "

@@ -20,6 +20,7 @@ class Optimizer:
         self.state = [{n: np.zeros_like(p.data) for n in self.state_names} for p in self.params]
 
     def zero_grad(self):
+        """Clear every parameter's ``.grad``."""
         for p in self.params:
             p.grad = None
 
@@ -32,9 +33,11 @@ class Optimizer:
                 self.update(p, g.astype(p.data.dtype, copy=False), st)
 
     def update(self, p, g, state):
+        """Update parameter ``p`` in place from gradient array ``g`` and its ``state``."""
         raise NotImplementedError
 
     def state_dict(self):
+        """Hyper-parameters, step count and per-parameter state arrays (for ``ml.save``)."""
         return {"hyper": {k: float(v) if not isinstance(v, bool) else v
                           for k, v in self.hyper.items()},
                 "step": self.step_count,

@@ -157,11 +157,11 @@ def memory_widget(
     """
     lifetimes = list(lifetimes)
     names = list(strategies or ["best", *memory.STRATEGIES])
+    bound = memory.lower_bound(lifetimes, alignment)
+    naive = memory.naive_size(lifetimes, alignment)
 
     def figure(strategy):
         chosen = memory.plan(lifetimes, strategy, alignment)
-        bound = memory.lower_bound(lifetimes, alignment)
-        naive = memory.naive_size(lifetimes, alignment)
         title = (
             f"{chosen.strategy}: peak {chosen.arena_size:,} B · lower bound {bound:,} B "
             f"· no reuse {naive:,} B"

@@ -30,9 +30,9 @@ def graph_stepper(graph, order=None):
 
     def render(step):
         n = order[step]
-        live = sorted(live_at(graph, step, order))
-        print(f"step {step}: {n.output.name} = {n.op}   live: {', '.join(live)}")
-        display(show_step(graph, step, order))
+        live = live_at(graph, step, order)
+        print(f"step {step}: {n.output.name} = {n.op}   live: {', '.join(sorted(live))}")
+        display(show_graph(graph, highlight=[n.id], live=live))
 
     slider = widgets.IntSlider(min=0, max=len(order) - 1, value=0, description="step")
     return widgets.interactive(render, step=slider)

@@ -10,6 +10,7 @@ def plot_timeline(timeline, ax=None, title=None):
 
     events = list(timeline)
     lanes = sorted({(e.device, e.worker) for e in events})
+    row_of = {lane: i for i, lane in enumerate(lanes)}
     if ax is None:
         fig, ax = plt.subplots(figsize=(9, 0.6 + 0.5 * max(len(lanes), 1)))
     else:
@@ -17,7 +18,7 @@ def plot_timeline(timeline, ax=None, title=None):
     t0 = min((e.start for e in events), default=0.0)
     cmap = plt.get_cmap("tab10")
     for e in events:
-        row = lanes.index((e.device, e.worker))
+        row = row_of[(e.device, e.worker)]
         ax.barh(row, (e.end - e.start) * 1e3, left=(e.start - t0) * 1e3, height=0.6,
                 color=cmap(zlib.crc32(e.node.split("=")[-1].encode()) % 10), edgecolor="black")
         ax.text((e.start - t0 + (e.end - e.start) / 2) * 1e3, row, e.node, ha="center",

@@ -11,19 +11,19 @@ matmul/conv + bias + activation fusion.
 """
 
 from .backend import (
-                      cancel_transposes,
-                      fuse_matmul_bias_act,
-                      layout_transform,
-                      lower_precision,
-                      split_concat,
+    cancel_transposes,
+    fuse_matmul_bias_act,
+    layout_transform,
+    lower_precision,
+    split_concat,
 )
 from .frontend import (
-                      algebraic_simplification,
-                      common_subexpression_elimination,
-                      constant_folding,
-                      cse,
-                      dce,
-                      dead_code_elimination,
+    algebraic_simplification,
+    common_subexpression_elimination,
+    constant_folding,
+    cse,
+    dce,
+    dead_code_elimination,
 )
 from .fusion import fuse_elementwise
 from .pipeline import PipelineResult, Stage, as_pass, pipeline, run_pipeline
@@ -39,7 +39,6 @@ PASSES.update(cse=cse, dce=dce)
 #: The frontend clean-up most pipelines start with.
 FRONTEND = (constant_folding, algebraic_simplification, common_subexpression_elimination,
             dead_code_elimination)
-
 
 
 def default_pipeline():

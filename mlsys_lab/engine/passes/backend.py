@@ -8,7 +8,7 @@ import numpy as np
 from .. import dtypes
 from ..registry import get
 from . import backend_ops  # noqa: F401  (registers the ops these passes emit)
-from .rewrite import Rewriter, graph_pass, producer_of
+from .rewrite import Rewriter, clone, graph_pass, producer_of
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
@@ -96,7 +96,7 @@ def layout_transform(graph, to="NHWC", cancel=True):
         cancel: whether to cancel transpose pairs afterwards.
     """
     if to == "NCHW":
-        return cancel_transposes(graph) if cancel else _copy_all(graph)
+        return cancel_transposes(graph) if cancel else clone(graph)
     if to != "NHWC":
         raise ValueError(f"layout_transform: unknown layout {to!r} (NHWC or NCHW)")
     rw, region = Rewriter(graph), set()
@@ -131,13 +131,6 @@ def _follows_layout(n, ins, region):
         return False
     return all(len(v.shape) == 4 or (len(v.shape) < 4 and v.nbytes <= v.dtype.itemsize)
                for v in ins)
-
-
-def _copy_all(graph):
-    rw = Rewriter(graph)
-    for n in graph.nodes:
-        rw.copy(n)
-    return rw.build()
 
 
 @graph_pass

@@ -128,11 +128,9 @@ def _prune(nodes, consts, outputs, candidates):
 
 
 def clone(graph):
-    """A deep copy of ``graph``'s structure (new values and nodes; constant arrays shared)."""
-    rw = Rewriter(graph)
-    for n in graph.nodes:
-        rw.copy(n)
-    return rw.build()
+    """A deep copy of ``graph``'s structure (new values and nodes; constant arrays shared):
+    :meth:`Graph.copy <mlsys_lab.engine.graph.Graph.copy>`, the identity pass."""
+    return graph.copy()
 
 
 def producer_of(rw, value, op):
