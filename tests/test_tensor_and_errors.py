@@ -103,3 +103,28 @@ def test_backward_of_non_scalar_needs_a_gradient():
 def test_grad_requires_a_scalar_function():
     with pytest.raises(ml.ShapeError, match="scalar"):
         ml.grad(lambda x: x * 2)(np.ones(3))
+
+
+def test_unused_inputs_and_integer_grads():
+    x = ml.tensor([1.0, 2.0], requires_grad=True)
+    z = ml.tensor([3.0], requires_grad=True)
+    y = (x * x).sum()
+    gx, gz = ml.gradients(y, [x, z], retain_graph=True)
+    np.testing.assert_array_equal(gz.numpy(), [0.0])
+    with pytest.raises(ml.GraphError, match="input 1 .* not used"):
+        ml.gradients(y, [x, z], allow_unused=False)
+    with pytest.raises(ml.DTypeError, match="floating"):
+        ml.grad(lambda a: (a * 2).sum())(np.array([1, 2]))
+
+
+def test_runtime_and_compiled_inputs_are_checked_alike():
+    from mlsys_lab.engine.compiler import Compiled
+    from mlsys_lab.engine.runtime import run_serial
+
+    g = ml.trace(lambda a: ops.relu(a), np.ones(3, np.float32))
+    c = Compiled(lambda a: ops.relu(a), np.ones(3, np.float32), passes=None)
+    for run in (g, lambda a: run_serial(g, a), c):
+        with pytest.raises(ml.ShapeError, match="input a expects f32\\[3\\]"):
+            run(np.ones(4, np.float32))
+        with pytest.raises(ml.DTypeError, match="input a expects f32\\[3\\], got f64"):
+            run(np.ones(3))

@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 
-from ..errors import GraphError, ShapeError
+from ..errors import DTypeError, GraphError, ShapeError
 from . import dtypes
 from .ops_math import cast
 from .ops_shape import IDENTITY
@@ -133,8 +133,8 @@ def backward(out, grad=None, retain_graph=False, create_graph=False):
 def gradients(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
               allow_unused=True):
     """Gradients of ``outputs`` with respect to ``inputs`` without touching ``.grad``
-    (like ``torch.autograd.grad``). Unused inputs get zeros (``allow_unused`` is accepted for
-    PyTorch compatibility and does not change that)."""
+    (like ``torch.autograd.grad``). An input the outputs do not depend on gets zeros, or a
+    GraphError with ``allow_unused=False``."""
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     if grad_outputs is None:
@@ -145,8 +145,11 @@ def gradients(outputs, inputs, grad_outputs=None, retain_graph=None, create_grap
     retain = create_graph if retain_graph is None else retain_graph
     res = _backprop(outputs, seeds, inputs, retain, create_graph)
     out = []
-    for x in inputs:
+    for i, x in enumerate(inputs):
         g = res.get(id(x))
+        if g is None and not allow_unused:
+            raise GraphError(f"gradients: input {i} (shape {tuple(x.shape)}) was not used to "
+                             f"compute the outputs; pass allow_unused=True to get zeros")
         out.append(zeros_like(x) if g is None else g)
     return out
 
@@ -165,8 +168,8 @@ def _lift_input(x):
     being differentiated by an outer transformation, so nesting works)."""
     t = as_tensor(x)
     if not dtypes.is_float(t.dtype):
-        raise TypeError(f"grad: can only differentiate with respect to floating inputs, got "
-                        f"{t.dtype}")
+        raise DTypeError(f"grad: can only differentiate with respect to floating inputs, got "
+                         f"{t.dtype}")
     if t.requires_grad or t._tangent is not None or t.is_tracer:
         with enable_grad():
             y = apply(IDENTITY, t)

@@ -12,9 +12,10 @@ import numpy as np
 
 from ..errors import GraphError, MLSysError
 from . import memory
+from .graph import check_input
 from .pytree import flatten, unflatten
 from .registry import REGISTRY, get
-from .runtime import Event, Timeline
+from .runtime import Event, Timeline, as_input
 from .selection import explain_selection, select
 from .trace import static_positions, trace
 
@@ -221,10 +222,8 @@ class Compiled:
         if len(flat) != len(g.inputs):
             raise GraphError(f"{g.name}: expects {len(g.inputs)} inputs, got {len(flat)}")
         for v, a in zip(g.inputs, flat):
-            a = np.asarray(a)
-            if a.shape != v.shape or a.dtype != v.dtype:
-                raise GraphError(f"{g.name}: input {v.name} expects {v.type_str()}, got "
-                                 f"{a.dtype}{list(a.shape)}")
+            a = as_input(a, v.dtype)
+            check_input(g.name, v, a.shape, a.dtype)
             env[self._slot[v]] = a
         for dst, src in self.donated.items():
             env[self._slot[dst]] = env[self._slot[src]]
@@ -238,7 +237,8 @@ class Compiled:
                 else:
                     fn(env[o], *[env[i] for i in ins], **attrs)
             except MLSysError as e:
-                raise type(e)(f"{e}\n  while running node #{n.id} {n.op}") from None
+                where = f"\n  at {n.source}" if n.source else ""
+                raise type(e)(f"{e}\n  while running node #{n.id} {n.op}{where}") from None
             if profile:
                 events.append((n, t0, clock()))
         if profile:

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from ..errors import CycleError, GraphError, MLSysError, ShapeError
+from ..errors import CycleError, DTypeError, GraphError, MLSysError, ShapeError
 from . import dtypes
 from .registry import AVal, get
 
@@ -297,10 +297,8 @@ class Graph:
             raise GraphError(f"{self.name}: expects {len(self.inputs)} inputs, got {len(flat)}")
         env = {}
         for v, a in zip(self.inputs, flat):
-            t = as_tensor(a)
-            if tuple(t.shape) != v.shape or t.dtype != v.dtype:
-                raise ShapeError(f"{self.name}: input {v.name} expects {v.type_str()}, got "
-                                 f"{dtypes.short(t.dtype)}[{','.join(map(str, t.shape))}]")
+            t = as_tensor(a, v.dtype)
+            check_input(self.name, v, t.shape, t.dtype)
             env[id(v)] = t
         for v, arr in self.consts.items():
             env[id(v)] = as_tensor(arr)
@@ -357,6 +355,16 @@ class Graph:
         from ..viz.graph_view import render_svg
 
         return render_svg(self.to_dot())
+
+
+def check_input(graph_name, value, shape, dtype):
+    """Raise ShapeError/DTypeError, naming the input, unless ``shape``/``dtype`` match it."""
+    got = f"{dtypes.short(dtype)}[{','.join(map(str, shape))}]"
+    if tuple(shape) != value.shape:
+        raise ShapeError(f"{graph_name}: input {value.name} expects {value.type_str()}, got {got}")
+    if np.dtype(dtype) != value.dtype:
+        raise DTypeError(f"{graph_name}: input {value.name} expects {value.type_str()}, got "
+                         f"{got}; cast it first")
 
 
 def find_cycle(nodes):

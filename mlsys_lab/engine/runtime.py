@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import GraphError, MLSysError
+from .graph import check_input
 from .pytree import flatten
 from .registry import get
 from .tensor import run_kernel
@@ -58,15 +59,23 @@ class Timeline(list):
         return True
 
 
+def as_input(a, dtype):
+    """An argument as an array: arrays keep their dtype (checked later); Python numbers and
+    lists take the input's dtype, as scalars do next to tensors."""
+    if isinstance(a, np.ndarray) or hasattr(a, "__array__") and not isinstance(a, (list, tuple)):
+        return np.asarray(a)
+    return np.asarray(a, dtype=dtype)
+
+
 def _bind(graph, args):
     flat, _ = flatten(args)
     if len(flat) != len(graph.inputs):
         raise GraphError(f"{graph.name}: expects {len(graph.inputs)} inputs, got {len(flat)}")
-    env = {id(v): np.asarray(a, dtype=v.dtype) for v, a in zip(graph.inputs, flat)}
-    for v in graph.inputs:
-        if env[id(v)].shape != v.shape:
-            raise GraphError(f"{graph.name}: input {v.name} expects shape {v.shape}, got "
-                             f"{env[id(v)].shape}")
+    env = {}
+    for v, a in zip(graph.inputs, flat):
+        a = as_input(a, v.dtype)
+        check_input(graph.name, v, a.shape, a.dtype)
+        env[id(v)] = a
     env.update({id(v): a for v, a in graph.consts.items()})
     return env
 
