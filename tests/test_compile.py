@@ -116,10 +116,12 @@ def test_compiled_equals_interpreter_on_random_graphs(seed):
     want = graph(*args)
     want = want if isinstance(want, tuple) else (want,)
     c = Compiled(f, *args, strategy="best")
-    got = c(*args)
-    got = got if isinstance(got, tuple) else (got,)
-    for w, g in zip(want, got):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-5)
+    for profile in (True, False):  # node-by-node interpreter and generated straight-line code
+        got = c(*args, profile=profile)
+        got = got if isinstance(got, tuple) else (got,)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-5)
+    assert c.code.startswith("def run(env):") and c.code.count("  # #") == len(c.graph.nodes)
 
 
 @pytest.mark.parametrize("make", ["resnet", "transformer"])

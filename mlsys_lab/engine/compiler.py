@@ -6,6 +6,8 @@ shows up as a wrong result, not only as a wrong picture. View ops (reshape, tran
 broadcast_to) produce numpy views of their input instead of copies, and keep that input alive.
 """
 
+import builtins
+import functools
 import time
 
 import numpy as np
@@ -213,6 +215,37 @@ class Compiled:
                 fn = _generic(n.meta.get("kernel") or get(n.op).compute)
             self._steps.append((n, False, fn, o, ins, n.attrs))
         self._env = env
+        self._run = self._codegen()
+
+    def _codegen(self):
+        """Generate straight-line Python for the schedule (like torch.fx's code generation):
+        one call per node with its buffers bound in advance, no per-node interpretation.
+        The source is kept in ``self.code`` for reading."""
+        g, static = self.graph, {}
+        fixed = {self._slot[v] for v in g.consts} | {
+            self._slot[n.outputs[0]] for n in self.order
+            if n.op not in VIEW_OPS and n.outputs[0] not in self.donated}
+
+        def name(i):
+            if i in fixed:
+                static.setdefault(f"b{i}", self._env[i])
+                return f"b{i}"
+            return f"t{i}"
+
+        lines = ["def run(env):"]
+        lines += [f"    t{self._slot[v]} = env[{self._slot[v]}]"
+                  for v in list(g.inputs) + list(self.donated)]
+        for k, (n, is_view, fn, o, ins, attrs) in enumerate(self._steps):
+            static[f"k{k}"] = functools.partial(fn, **attrs) if attrs else fn
+            args = ", ".join(name(i) for i in ins)
+            call = f"k{k}({args})" if is_view else f"k{k}({name(o)}, {args})"
+            lines.append(f"    {name(o)} = {call}" if is_view else f"    {call}")
+            lines[-1] += f"  # #{n.id} {n.outputs[0].name} = {n.op}"
+        lines += [f"    env[{self._slot[v]}] = t{self._slot[v]}" for v in g.outputs
+                  if self._slot[v] not in fixed]
+        self.code = "\n".join(lines)
+        exec(builtins.compile(self.code, f"<compiled {g.name}>", "exec"), static)
+        return static["run"]
 
     def __call__(self, *args, out=None, profile=True):
         """Run on new inputs (same shapes/dtypes as the examples). ``out`` optionally lists
@@ -227,10 +260,21 @@ class Compiled:
             env[self._slot[v]] = a
         for dst, src in self.donated.items():
             env[self._slot[dst]] = env[self._slot[src]]
-        events = [] if profile else None
-        clock = time.perf_counter
+        if profile:
+            self._interpret(env)
+        else:
+            try:
+                self._run(env)
+            except Exception:  # rerun node by node for an error message naming the node
+                self._interpret(env)
+                raise
+        return self._results(out)
+
+    def _interpret(self, env):
+        """Run the steps one by one, recording the timeline and naming a failing node."""
+        events, clock = [], time.perf_counter
         for n, is_view, fn, o, ins, attrs in self._steps:
-            t0 = clock() if profile else 0.0
+            t0 = clock()
             try:
                 if is_view:
                     env[o] = fn(*[env[i] for i in ins], **attrs)
@@ -239,11 +283,12 @@ class Compiled:
             except MLSysError as e:
                 where = f"\n  at {n.source}" if n.source else ""
                 raise type(e)(f"{e}\n  while running node #{n.id} {n.op}{where}") from None
-            if profile:
-                events.append((n, t0, clock()))
-        if profile:
-            self.timeline = Timeline(Event.of(n, n.meta.get("device", "cpu"), "stream0", t0, t1)
-                                     for n, t0, t1 in events)
+            events.append((n, t0, clock()))
+        self.timeline = Timeline(Event.of(n, n.meta.get("device", "cpu"), "stream0", t0, t1)
+                                 for n, t0, t1 in events)
+
+    def _results(self, out):
+        g, env = self.graph, self._env
         results = []
         outs = out if out is not None else [None] * len(g.outputs)
         for v, dst in zip(g.outputs, outs):
