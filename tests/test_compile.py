@@ -53,6 +53,24 @@ def test_a_planner_bug_shows_up_as_a_wrong_result():
     assert float(c(x, y)) != pytest.approx(good, rel=1e-3)
 
 
+def _assert_compiled_step_matches_sgd(build, x, y, lr, steps, loss_rel, rtol, atol,
+                                      **options):
+    """Train two copies of a model, one compiled and one eager with SGD: losses and
+    parameters agree step by step."""
+    a, b = build(), build()
+    step = compile_train_step(a, ops.cross_entropy, x, y, lr=lr, **options)
+    opt = ml.optim.SGD(b.parameters(), lr=lr)
+    for _ in range(steps):
+        l1 = step(x, y)
+        loss = ops.cross_entropy(b(ml.tensor(x)), ml.tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert l1 == pytest.approx(loss.item(), rel=loss_rel)
+    for p, q in zip(a.parameters(), b.parameters()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=rtol, atol=atol)
+
+
 def test_compiled_training_step_equals_eager_sgd():
     x = RNG.standard_normal((32, 10)).astype(F32)
     y = RNG.integers(0, 4, 32)
@@ -60,18 +78,8 @@ def test_compiled_training_step_equals_eager_sgd():
     def make():
         return nn.Sequential(nn.Linear(10, 12, rng=0), nn.ReLU(), nn.Linear(12, 4, rng=1))
 
-    a, b = make(), make()
-    step = compile_train_step(a, ops.cross_entropy, x, y, lr=0.1, passes=None)
-    opt = ml.optim.SGD(b.parameters(), lr=0.1)
-    for _ in range(4):
-        l1 = step(x, y)
-        loss = ops.cross_entropy(b(ml.tensor(x)), ml.tensor(y))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        assert l1 == pytest.approx(loss.item(), rel=1e-6)
-    for p, q in zip(a.parameters(), b.parameters()):
-        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-5, atol=1e-6)
+    _assert_compiled_step_matches_sgd(make, x, y, lr=0.1, steps=4, loss_rel=1e-6, rtol=1e-5,
+                                      atol=1e-6, passes=None)
 
 
 def test_selection_falls_back_and_lowers_precision_as_documented():
@@ -136,18 +144,8 @@ def test_compiled_training_steps_of_real_models(make):
         build = lambda: zoo.TransformerClassifier(dim=8, heads=2, hidden=16)  # noqa: E731
         x = rng.standard_normal((2, 5, 8)).astype(F32)
     y = rng.integers(0, 10, x.shape[0])
-    a, b = build(), build()
-    step = compile_train_step(a, ops.cross_entropy, x, y, lr=0.05)
-    opt = ml.optim.SGD(b.parameters(), lr=0.05)
-    for _ in range(3):
-        l1 = step(x, y)
-        loss = ops.cross_entropy(b(ml.tensor(x)), ml.tensor(y))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        assert l1 == pytest.approx(loss.item(), rel=1e-4)
-    for p, q in zip(a.parameters(), b.parameters()):
-        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-4, atol=1e-5)
+    _assert_compiled_step_matches_sgd(build, x, y, lr=0.05, steps=3, loss_rel=1e-4, rtol=1e-4,
+                                      atol=1e-5)
 
 
 @pytest.mark.parametrize("device, kernel", [("cpu-numba", "numba.matmul_packed"),
