@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import GraphError, MLSysError
 from . import memory
+from .cpu_kernels import MIXED_DTYPE_KERNELS, OUT_KERNELS
 from .graph import check_input
 from .pytree import flatten, unflatten
 from .registry import REGISTRY, get
@@ -25,40 +26,6 @@ VIEW_OPS = {"reshape": lambda x, shape: x.reshape(shape),
             "transpose": lambda x, axes: x.transpose(axes),
             "broadcast_to": lambda x, shape: np.broadcast_to(x, shape),
             "identity": lambda x: x}
-
-_UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-          "maximum": np.maximum, "minimum": np.minimum, "neg": np.negative, "exp": np.exp,
-          "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
-          "abs": np.abs, "sign": np.sign, "pow": np.power}
-
-
-def _sigmoid_out(out, x):
-    np.multiply(x, 0.5, out=out)
-    np.tanh(out, out=out)
-    out += 1.0
-    out *= 0.5
-
-
-def _fused_linear_out(out, a, w, b, activation=None):
-    np.matmul(a, w, out=out)
-    np.add(out, b, out=out, casting="unsafe")
-    if activation == "relu":
-        np.maximum(out, 0, out=out)
-
-
-#: Kernels that write into a given output array: ``fn(out, *arrays, **attrs)``.
-OUT_KERNELS = {
-    "relu": lambda out, x: np.maximum(x, 0, out=out),
-    "relu_grad": lambda out, g, x: np.multiply(g, x > 0, out=out),
-    "sigmoid": _sigmoid_out,
-    "matmul": lambda out, a, b: np.matmul(a, b, out=out),
-    "sum": lambda out, x, axis, keepdims: np.sum(x, axis=axis, keepdims=keepdims, out=out),
-    "cast": lambda out, x, dtype: np.copyto(out, x, casting="unsafe"),
-    "copy": lambda out, x, src, dst: np.copyto(out, x),
-    "fused_linear": _fused_linear_out,
-}
-for _name, _uf in _UFUNC.items():
-    OUT_KERNELS[_name] = (lambda uf: lambda out, *xs: uf(*xs, out=out))(_uf)
 
 
 def _fused_elementwise_out(out, *arrays, program):
@@ -140,25 +107,39 @@ class Compiled:
         self.lifetimes, self._view_root = value_lifetimes(g, self.order)
         self.donated = self._donations(donate)
         self.lifetimes = [r for r in self.lifetimes if r.id not in self.donated]
-        pairs = []
-        if inplace:
-            ok = {r.id for r in self.lifetimes}
-            elementwise = {name for name, op in REGISTRY.items() if op.elementwise}
-            pairs = [(o, i) for o, i in memory.inplace_pairs(g, self.order, elementwise)
-                     if o in ok and i in ok]
+        pairs = self._inplace_pairs() if inplace else []
         self.plan = memory.plan(self.lifetimes, strategy, inplace=pairs)
         memory.verify(self.plan, self.lifetimes)
         self.arena = np.zeros(max(self.plan.arena_size, 1), np.uint8)
         self._build()
         self.timeline = Timeline()
 
+    def _inplace_pairs(self):
+        """memory.inplace_pairs, kept where they still hold once views extend lifetimes: the
+        input must die where the output is born, and a non-elementwise op may not read it
+        through a view at another position."""
+        recs = {r.id: r for r in self.lifetimes}
+        elementwise = {name for name, op in REGISTRY.items() if op.elementwise}
+        overwrites = {name: op.inplace for name, op in REGISTRY.items() if op.inplace}
+        pairs = []
+        for o, i in memory.inplace_pairs(self.graph, self.order, elementwise, overwrites):
+            if o not in recs or i not in recs or recs[i].end != recs[o].start:
+                continue
+            node = o.producer
+            if node.op not in elementwise and sum(
+                    self._view_root.get(v, v) is i for v in node.inputs) > 1:
+                continue
+            pairs.append((o, i))
+        return pairs
+
     def _donations(self, donate):
         """Output value -> input value whose buffer it may overwrite.
 
         ``donate`` lists (input index, output index) pairs (flattened positions). A pair is
-        honoured when the output is made by an elementwise node that is the last reader of the
-        input (views of it included): then the result is written straight into the caller's
-        input array, as a training step updates its parameters in place."""
+        honoured when the output is made by a node that may overwrite that input (an
+        elementwise node, or the input is at one of its op's ``inplace`` positions) and is the
+        last reader of the input (views of it included): then the result is written straight
+        into the caller's input array, as a training step updates its parameters in place."""
         g, out = self.graph, {}
         readers = {}
         for step, n in enumerate(self.order):
@@ -167,8 +148,12 @@ class Compiled:
         for i, j in donate:
             src, dst = g.inputs[i], g.outputs[j]
             node = dst.producer
-            if (node is None or not get(node.op).elementwise or src.aval != dst.aval
-                    or dst in g.outputs[:j] + g.outputs[j + 1:]):
+            if node is None or src.aval != dst.aval or dst in g.outputs[:j] + g.outputs[j + 1:]:
+                continue
+            op = get(node.op)
+            roots = [self._view_root.get(v, v) for v in node.inputs]
+            if not op.elementwise and (roots.count(src) > 1 or
+                                       not any(node.inputs[k] is src for k in op.inplace)):
                 continue
             if max(readers.get(src, [-1])) == self.order.index(node):
                 out[dst] = src
@@ -207,6 +192,10 @@ class Compiled:
             on_cpu = n.meta.get("device", "cpu") == "cpu"
             if on_cpu and n.op in OUT_KERNELS and (same or n.op in ("cast", "copy")):
                 fn = OUT_KERNELS[n.op]
+            elif (on_cpu and n.op in MIXED_DTYPE_KERNELS and n.inputs[0].dtype == out.dtype
+                  and out.dtype in (np.float32, np.float64)
+                  and n.inputs[1].dtype.kind in "iu"):
+                fn = MIXED_DTYPE_KERNELS[n.op]
             elif (n.op == "fused_elementwise" and n.meta.get("device") in ("cpu", "cpu-numba")
                   and out.dtype in (np.float32, np.float64)
                   and n.meta.get("kernel_name", "").startswith("numba")):
@@ -232,7 +221,7 @@ class Compiled:
                 return f"b{i}"
             return f"t{i}"
 
-        lines = ["def run(env):"]
+        lines, self._line_node = ["def run(env):"], {}
         lines += [f"    t{self._slot[v]} = env[{self._slot[v]}]"
                   for v in list(g.inputs) + list(self.donated)]
         for k, (n, is_view, fn, o, ins, attrs) in enumerate(self._steps):
@@ -241,6 +230,7 @@ class Compiled:
             call = f"k{k}({args})" if is_view else f"k{k}({name(o)}, {args})"
             lines.append(f"    {name(o)} = {call}" if is_view else f"    {call}")
             lines[-1] += f"  # #{n.id} {n.outputs[0].name} = {n.op}"
+            self._line_node[len(lines)] = n
         lines += [f"    env[{self._slot[v]}] = t{self._slot[v]}" for v in g.outputs
                   if self._slot[v] not in fixed]
         self.code = "\n".join(lines)
@@ -250,8 +240,12 @@ class Compiled:
     def __call__(self, *args, out=None, profile=True):
         """Run on new inputs (same shapes/dtypes as the examples). ``out`` optionally lists
         arrays to write the outputs into (e.g. parameters updated in place)."""
-        g, env = self.graph, self._env
         flat, _ = flatten([a for i, a in enumerate(args) if i not in self._static])
+        return self.call_flat(flat, out, profile)
+
+    def call_flat(self, flat, out=None, profile=True):
+        """``__call__`` on the already flattened inputs (the graph's input order)."""
+        g, env = self.graph, self._env
         if len(flat) != len(g.inputs):
             raise GraphError(f"{g.name}: expects {len(g.inputs)} inputs, got {len(flat)}")
         for v, a in zip(g.inputs, flat):
@@ -265,10 +259,26 @@ class Compiled:
         else:
             try:
                 self._run(env)
-            except Exception:  # rerun node by node for an error message naming the node
-                self._interpret(env)
-                raise
+            except MLSysError as e:
+                raise self._node_error(e, self._failed_node(e.__traceback__)) from None
         return self._results(out)
+
+    def _failed_node(self, tb):
+        """The node whose line of the generated code raised (found from the traceback, so
+        nothing runs twice: a rerun would apply in-place parameter updates again)."""
+        node = None
+        while tb is not None:
+            if tb.tb_frame.f_code is self._run.__code__:
+                node = self._line_node.get(tb.tb_lineno)
+            tb = tb.tb_next
+        return node
+
+    @staticmethod
+    def _node_error(e, n):
+        if n is None:
+            return e
+        where = f"\n  at {n.source}" if n.source else ""
+        return type(e)(f"{e}\n  while running node #{n.id} {n.op}{where}")
 
     def _interpret(self, env):
         """Run the steps one by one, recording the timeline and naming a failing node."""
@@ -281,8 +291,7 @@ class Compiled:
                 else:
                     fn(env[o], *[env[i] for i in ins], **attrs)
             except MLSysError as e:
-                where = f"\n  at {n.source}" if n.source else ""
-                raise type(e)(f"{e}\n  while running node #{n.id} {n.op}{where}") from None
+                raise self._node_error(e, n) from None
             events.append((n, t0, clock()))
         self.timeline = Timeline(Event.of(n, n.meta.get("device", "cpu"), "stream0", t0, t1)
                                  for n, t0, t1 in events)
@@ -371,12 +380,12 @@ class CompiledTrainStep:
         self.compiled = Compiled(sgd_step_fn(model, loss_fn, lr), arrays, example_x, example_y,
                                  name="train_step", **options)
         self._loss = np.zeros((), self.compiled.graph.outputs[0].dtype)
+        self._names = sorted(self.params)  # the order a dict flattens in
 
     def __call__(self, x, y, profile=False):
-        arrays = {k: p.data for k, p in self.params.items()}
+        params = [self.params[k].data for k in self._names]
         x, y = np.asarray(getattr(x, "data", x)), np.asarray(getattr(y, "data", y))
-        outs = [self._loss] + [self.params[k].data for k in sorted(self.params)]
-        self.compiled(arrays, x, y, out=outs, profile=profile)
+        self.compiled.call_flat(params + [x, y], [self._loss] + params, profile=profile)
         return float(self._loss)
 
 

@@ -359,12 +359,13 @@ class Graph:
 
 def check_input(graph_name, value, shape, dtype):
     """Raise ShapeError/DTypeError, naming the input, unless ``shape``/``dtype`` match it."""
+    if tuple(shape) == value.shape and dtype == value.dtype:
+        return
     got = f"{dtypes.short(dtype)}[{','.join(map(str, shape))}]"
     if tuple(shape) != value.shape:
         raise ShapeError(f"{graph_name}: input {value.name} expects {value.type_str()}, got {got}")
-    if np.dtype(dtype) != value.dtype:
-        raise DTypeError(f"{graph_name}: input {value.name} expects {value.type_str()}, got "
-                         f"{got}; cast it first")
+    raise DTypeError(f"{graph_name}: input {value.name} expects {value.type_str()}, got "
+                     f"{got}; cast it first")
 
 
 def find_cycle(nodes):

@@ -567,25 +567,36 @@ def _op_name(node) -> str:
     return getattr(op, "name", op)
 
 
-def inplace_pairs(graph, order=None, elementwise: Iterable[str] = ELEMENTWISE_OPS) -> list:
-    """``(out, in)`` pairs where an elementwise node may write its output over an input.
+def inplace_pairs(graph, order=None, elementwise: Iterable[str] = ELEMENTWISE_OPS,
+                  overwrites: dict | None = None) -> list:
+    """``(out, in)`` pairs where a node may write its output over an input.
 
     A pair qualifies when the node's op (``node.op``, a name or an object with ``.name``) is
-    elementwise, the node has one output, and the input is an intermediate (not a graph input,
-    constant or output) of the same byte size whose last use is this node. At most one input
-    per node is chosen. Pass the result to ``plan(..., inplace=...)``.
+    elementwise (any input) or listed in ``overwrites`` (op name -> input positions it may
+    overwrite, e.g. ``{"gemm": (0,)}``), the node has one output, and the input is an
+    intermediate (not a graph input, constant or output) of the same byte size whose last use
+    is this node. At most one input per node is chosen. Pass the result to
+    ``plan(..., inplace=...)``.
     """
     nodes = list(graph.nodes if order is None else order)
     records = {r.id: r for r in lifetimes(graph, nodes)}
     consts = getattr(graph, "consts", None) or {}
     protected = {*graph.inputs, *consts, *graph.outputs}
-    elementwise = set(elementwise)
+    elementwise, overwrites = set(elementwise), overwrites or {}
     pairs = []
     for step, node in enumerate(nodes):
-        if _op_name(node) not in elementwise or len(node.outputs) != 1:
+        name = _op_name(node)
+        if len(node.outputs) != 1:
+            continue
+        if name in elementwise:
+            candidates = node.inputs
+        elif name in overwrites:  # not an input that the node also reads at another position
+            others = [v for i, v in enumerate(node.inputs) if i not in overwrites[name]]
+            candidates = [node.inputs[i] for i in overwrites[name] if node.inputs[i] not in others]
+        else:
             continue
         out = records[node.outputs[0]]
-        for v in dict.fromkeys(node.inputs):
+        for v in dict.fromkeys(candidates):
             src = records[v]
             if v not in protected and src.end == step and src.size == out.size:
                 pairs.append((out.id, v))

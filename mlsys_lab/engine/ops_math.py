@@ -182,8 +182,10 @@ RELU_GRAD = _defop("relu_grad", lambda g, x: g * (x > 0),
                    lambda u, xs, y, n: (relu_grad(u, xs[1]) if n[0] else None, None),
                    lambda ts, xs, y: None if ts[0] is None else relu_grad(ts[0], xs[1]),
                    elementwise=True)
-RELU = _defop("relu", _relu_np, _unary_any, lambda g, xs, y, n: (relu_grad(g, xs[0]),),
-              lambda ts, xs, y: relu_grad(ts[0], xs[0]), elementwise=True)
+# relu's rules read its output (y > 0 exactly where x > 0), as PyTorch's threshold_backward
+# does: the pre-activation need not stay alive, so matmul + bias + relu can fuse in training.
+RELU = _defop("relu", _relu_np, _unary_any, lambda g, xs, y, n: (relu_grad(g, y),),
+              lambda ts, xs, y: relu_grad(ts[0], y), elementwise=True)
 ABS = _defop("abs", np.abs, _unary_any, lambda g, xs, y, n: (g * sign(xs[0]),),
              lambda ts, xs, y: ts[0] * sign(xs[0]), elementwise=True)
 SIGN = _defop("sign", np.sign, _unary_any, elementwise=True)

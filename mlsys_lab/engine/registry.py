@@ -31,6 +31,9 @@ class Op:
             gradient); ``needs[i]`` tells whether input i wants one.
         jvp: ``jvp(tangents, inputs, out, **attrs) -> tangent`` (tangents may hold None = zero).
         elementwise: output element i depends only on input elements i (fusable).
+        inplace: positions of inputs (besides those of an elementwise op) whose buffer the
+            output may take over: element i of that input is read only to write element i
+            of the output (``gemm``'s accumulator C).
         impls: extra kernels by device name, for operator selection.
     """
 
@@ -40,6 +43,7 @@ class Op:
     vjp: Callable | None = None
     jvp: Callable | None = None
     elementwise: bool = False
+    inplace: tuple = ()
     impls: dict = field(default_factory=dict)
 
     def __repr__(self):

@@ -12,6 +12,7 @@ matmul/conv + bias + activation fusion.
 
 from .backend import (
     cancel_transposes,
+    fuse_gemm_accumulate,
     fuse_matmul_bias_act,
     layout_transform,
     lower_precision,
@@ -33,7 +34,7 @@ from .rewrite import Pass, Rewriter, clone, graph_pass
 PASSES = {p.name: p for p in (
     constant_folding, dead_code_elimination, common_subexpression_elimination,
     algebraic_simplification, cancel_transposes, split_concat, layout_transform,
-    lower_precision, fuse_elementwise, fuse_matmul_bias_act)}
+    lower_precision, fuse_elementwise, fuse_matmul_bias_act, fuse_gemm_accumulate)}
 PASSES.update(cse=cse, dce=dce)
 
 #: The frontend clean-up most pipelines start with.
@@ -43,9 +44,9 @@ FRONTEND = (constant_folding, algebraic_simplification, common_subexpression_eli
 
 def default_pipeline():
     """What ``ml.compile`` runs by default: the frontend clean-up, transpose cancelling, then
-    matmul/conv + bias + ReLU fusion and elementwise fusion."""
-    return [*FRONTEND, cancel_transposes, fuse_matmul_bias_act, fuse_elementwise,
-            dead_code_elimination]
+    matmul/conv + bias + ReLU fusion, GEMM accumulation and elementwise fusion."""
+    return [*FRONTEND, cancel_transposes, fuse_matmul_bias_act, fuse_gemm_accumulate,
+            fuse_elementwise, dead_code_elimination]
 
 
 __all__ = [
@@ -53,6 +54,6 @@ __all__ = [
     "algebraic_simplification",
     "as_pass", "cancel_transposes", "clone", "common_subexpression_elimination",
     "constant_folding", "cse", "dce", "dead_code_elimination", "fuse_elementwise",
-    "fuse_matmul_bias_act", "graph_pass", "layout_transform", "lower_precision", "pipeline",
-    "run_pipeline", "split_concat",
+    "fuse_gemm_accumulate", "fuse_matmul_bias_act", "graph_pass", "layout_transform",
+    "lower_precision", "pipeline", "run_pipeline", "split_concat",
 ]

@@ -3,7 +3,9 @@
 * ``conv2d_nhwc`` (input NHWC, weight HWIO), ``max_pool2d_nhwc``, ``avg_pool2d_nhwc`` — the
   channels-last kernels :func:`~.backend.layout_transform` switches to;
 * ``fused_linear`` — ``act(a @ w + b)`` and ``fused_conv`` — ``act(conv2d(x, w) + b)``, made by
-  :func:`~.backend.fuse_matmul_bias_act`.
+  :func:`~.backend.fuse_matmul_bias_act`;
+* ``gemm`` — ``beta * c + alpha * (a @ b)``, BLAS's own operation, made by
+  :func:`~.backend.fuse_gemm_accumulate`. Its output may take over ``c``'s buffer.
 """
 
 import numpy as np
@@ -17,8 +19,8 @@ from ..registry import REGISTRY, AVal, Op, get, register
 ACTIVATIONS = (None, "relu")
 
 
-def _register(name, compute, infer):
-    return REGISTRY.get(name) or register(Op(name, compute, infer, vjp=None))
+def _register(name, compute, infer, **fields):
+    return REGISTRY.get(name) or register(Op(name, compute, infer, vjp=None, **fields))
 
 
 # --- channels-last convolution and pooling --------------------------------------------------
@@ -118,3 +120,21 @@ def _fused_conv(x, w, b, activation=None, stride=(1, 1), padding=(0, 0)):
 FUSED_LINEAR = _register("fused_linear", _fused_linear,
                          _epilogue_infer("fused_linear", get("matmul")))
 FUSED_CONV = _register("fused_conv", _fused_conv, _epilogue_infer("fused_conv", get("conv2d")))
+
+
+# --- GEMM with accumulation -------------------------------------------------------------------
+def _gemm_infer(c, a, b, alpha=1.0, beta=1.0):
+    y = get("matmul").infer(a, b)
+    if len(y.shape) != 2 or tuple(c.shape) != tuple(y.shape):
+        raise ShapeError(f"gemm: expects 2-D a @ b with c of the same shape, got a "
+                         f"{tuple(a.shape)}, b {tuple(b.shape)}, c {tuple(c.shape)}")
+    if c.dtype != y.dtype or not dtypes.is_float(c.dtype):
+        raise DTypeError(f"gemm: expects one floating dtype, got c {c.dtype}, a @ b {y.dtype}")
+    return AVal(tuple(y.shape), y.dtype)
+
+
+def _gemm(c, a, b, alpha=1.0, beta=1.0):
+    return (beta * c + alpha * np.matmul(a, b)).astype(c.dtype, copy=False)
+
+
+GEMM = _register("gemm", _gemm, _gemm_infer, inplace=(0,))
