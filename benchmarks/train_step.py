@@ -5,7 +5,8 @@
 Prints the median time of each and the ratios eager / numpy (target: <= 1.5x) and compiled /
 numpy (``ml.compile_train_step``: forward, backward and update in one planned graph; target
 <= 0.9x), plus the ratios to PyTorch eager when torch is importable (optional). Everything uses
-float32 and the same BLAS.
+float32 and the same BLAS. The last columns time the step's matrix products alone (into
+preallocated buffers): about the floor under any implementation of the step on this machine.
 """
 
 import argparse
@@ -51,6 +52,28 @@ def numpy_step(params, x, y):
         w -= LR * gw
         b -= LR * gb
     return loss
+
+
+def gemm_floor_fn(params, x):
+    """Only the step's matrix products (3 per layer but the first, which has no input
+    gradient), into preallocated buffers: the floor no implementation of the step can beat
+    with this BLAS. The gradients are random stand-ins of the right shapes."""
+    rng = np.random.default_rng(1)
+    n = x.shape[0]
+    acts = [x] + [np.empty((n, w.shape[1]), np.float32) for w, _ in params]
+    grads = [rng.standard_normal((n, w.shape[1])).astype(np.float32) for w, _ in params]
+    gws = [np.empty_like(w) for w, _ in params]
+    gxs = [np.empty((n, w.shape[0]), np.float32) for w, _ in params]
+
+    def step():
+        for i, (w, _) in enumerate(params):
+            np.matmul(acts[i], w, out=acts[i + 1])
+        for i in range(len(params) - 1, -1, -1):
+            np.matmul(acts[i].T, grads[i], out=gws[i])
+            if i:
+                np.matmul(grads[i], params[i][0].T, out=gxs[i])
+
+    return step
 
 
 def build_mlsys(sizes, params):
@@ -116,7 +139,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     print(f"{'model':<20}{'batch':>6}{'numpy ms':>10}{'eager ms':>10}{'compiled ms':>12}"
           f"{'eager/numpy':>13}{'compiled/numpy':>16}{'torch ms':>10}{'eager/torch':>13}"
-          f"{'compiled/torch':>16}")
+          f"{'compiled/torch':>16}{'GEMMs ms':>10}{'GEMMs/numpy':>13}")
     for sizes, batch in CONFIGS:
         x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
         y = rng.integers(0, sizes[-1], batch)
@@ -132,9 +155,10 @@ def main(argv=None):
         step = ml.compile_train_step(cmodel, ops.cross_entropy, x, y, lr=LR)
         l_c = step(x, y)
         assert abs(l_c - l_np) < 1e-4 * max(1.0, abs(l_np)), (l_c, l_np)
-        t_np, t_ml, t_c = median_times([lambda: numpy_step(np_params, x, y),
-                                         lambda: mlsys_step(model, opt, xt, yt),
-                                         lambda: step(x, y)], args.repeats)
+        floor = gemm_floor_fn(params, x)
+        t_np, t_ml, t_c, t_mm = median_times([lambda: numpy_step(np_params, x, y),
+                                               lambda: mlsys_step(model, opt, xt, yt),
+                                               lambda: step(x, y), floor], args.repeats)
         t_torch = None
         try:  # timed on its own: PyTorch's OpenMP threads keep spinning after each op
             import torch
@@ -148,7 +172,8 @@ def main(argv=None):
         torch_cols = (f"{t_torch * 1e3:>10.3f}{t_ml / t_torch:>12.2f}x{t_c / t_torch:>15.2f}x"
                       if t_torch else f"{'n/a':>10}{'n/a':>13}{'n/a':>16}")
         print(f"{name:<20}{batch:>6}{t_np * 1e3:>10.3f}{t_ml * 1e3:>10.3f}{t_c * 1e3:>12.3f}"
-              f"{t_ml / t_np:>12.2f}x{t_c / t_np:>15.2f}x{torch_cols}")
+              f"{t_ml / t_np:>12.2f}x{t_c / t_np:>15.2f}x{torch_cols}"
+              f"{t_mm * 1e3:>10.3f}{t_mm / t_np:>12.2f}x")
 
 
 if __name__ == "__main__":

@@ -138,17 +138,20 @@ class Compiled:
         ``donate`` lists (input index, output index) pairs (flattened positions). A pair is
         honoured when the output is made by a node that may overwrite that input (an
         elementwise node, or the input is at one of its op's ``inplace`` positions) and is the
-        last reader of the input (views of it included): then the result is written straight
-        into the caller's input array, as a training step updates its parameters in place."""
+        last reader of the input (views of it included), and the input (or a view of it) is
+        not itself returned: then the result is written straight into the caller's input
+        array, as a training step updates its parameters in place."""
         g, out = self.graph, {}
         readers = {}
         for step, n in enumerate(self.order):
             for v in n.inputs:
                 readers.setdefault(self._view_root.get(v, v), []).append(step)
+        returned = {self._view_root.get(v, v) for v in g.outputs}
         for i, j in donate:
             src, dst = g.inputs[i], g.outputs[j]
             node = dst.producer
-            if node is None or src.aval != dst.aval or dst in g.outputs[:j] + g.outputs[j + 1:]:
+            if (node is None or src.aval != dst.aval or src in returned
+                    or dst in g.outputs[:j] + g.outputs[j + 1:]):
                 continue
             op = get(node.op)
             roots = [self._view_root.get(v, v) for v in node.inputs]
@@ -204,6 +207,9 @@ class Compiled:
                 fn = _generic(n.meta.get("kernel") or get(n.op).compute)
             self._steps.append((n, False, fn, o, ins, n.attrs))
         self._env = env
+        self._input_slots = [self._slot[v] for v in g.inputs]
+        self._output_slots = [self._slot[v] for v in g.outputs]
+        self._donated_slots = [(self._slot[d], self._slot[s]) for d, s in self.donated.items()]
         self._run = self._codegen()
 
     def _codegen(self):
@@ -241,19 +247,26 @@ class Compiled:
         """Run on new inputs (same shapes/dtypes as the examples). ``out`` optionally lists
         arrays to write the outputs into (e.g. parameters updated in place)."""
         flat, _ = flatten([a for i, a in enumerate(args) if i not in self._static])
-        return self.call_flat(flat, out, profile)
+        results = self.call_flat(flat, out, profile)
+        tree = self.source_graph.out_tree
+        if tree == "auto":
+            return results[0] if len(results) == 1 else tuple(results)
+        return unflatten(tree, results)
 
     def call_flat(self, flat, out=None, profile=True):
-        """``__call__`` on the already flattened inputs (the graph's input order)."""
+        """``__call__`` on inputs already flattened into the graph's input order; returns the
+        flat list of outputs."""
         g, env = self.graph, self._env
         if len(flat) != len(g.inputs):
             raise GraphError(f"{g.name}: expects {len(g.inputs)} inputs, got {len(flat)}")
-        for v, a in zip(g.inputs, flat):
-            a = as_input(a, v.dtype)
-            check_input(g.name, v, a.shape, a.dtype)
-            env[self._slot[v]] = a
-        for dst, src in self.donated.items():
-            env[self._slot[dst]] = env[self._slot[src]]
+        for v, slot, a in zip(g.inputs, self._input_slots, flat):
+            if type(a) is not np.ndarray:
+                a = as_input(a, v.dtype)
+            if a.shape != v.shape or a.dtype != v.dtype:
+                check_input(g.name, v, a.shape, a.dtype)
+            env[slot] = a
+        for dst, src in self._donated_slots:
+            env[dst] = env[src]
         if profile:
             self._interpret(env)
         else:
@@ -261,7 +274,16 @@ class Compiled:
                 self._run(env)
             except MLSysError as e:
                 raise self._node_error(e, self._failed_node(e.__traceback__)) from None
-        return self._results(out)
+        results = []
+        for slot, dst in zip(self._output_slots, out or [None] * len(self._output_slots)):
+            val = env[slot]
+            if dst is None:
+                results.append(np.array(val, copy=True))
+                continue
+            if dst is not val:
+                np.copyto(dst, val)
+            results.append(dst)
+        return results
 
     def _failed_node(self, tb):
         """The node whose line of the generated code raised (found from the traceback, so
@@ -295,23 +317,6 @@ class Compiled:
             events.append((n, t0, clock()))
         self.timeline = Timeline(Event.of(n, n.meta.get("device", "cpu"), "stream0", t0, t1)
                                  for n, t0, t1 in events)
-
-    def _results(self, out):
-        g, env = self.graph, self._env
-        results = []
-        outs = out if out is not None else [None] * len(g.outputs)
-        for v, dst in zip(g.outputs, outs):
-            val = env[self._slot[v]]
-            if dst is not None:
-                if dst is not val:
-                    np.copyto(dst, val)
-                results.append(dst)
-            else:
-                results.append(np.array(val, copy=True))
-        tree = self.source_graph.out_tree
-        if tree == "auto":
-            return results[0] if len(results) == 1 else tuple(results)
-        return unflatten(tree, results)
 
     def explain(self):
         """Text report of every stage: pass pipeline, kernel selection, memory plan."""
@@ -385,7 +390,7 @@ class CompiledTrainStep:
     def __call__(self, x, y, profile=False):
         params = [self.params[k].data for k in self._names]
         x, y = np.asarray(getattr(x, "data", x)), np.asarray(getattr(y, "data", y))
-        self.compiled.call_flat(params + [x, y], [self._loss] + params, profile=profile)
+        self.compiled.call_flat(params + [x, y], [self._loss, *params], profile=profile)
         return float(self._loss)
 
 

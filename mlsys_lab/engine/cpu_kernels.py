@@ -8,8 +8,8 @@ are more than that:
 * ``gemm`` calls ``cblas_sgemm``/``cblas_dgemm`` of numpy's own BLAS directly (ctypes),
   because only the BLAS interface has the ``alpha``/``beta`` and transpose flags that let
   ``C <- beta*C + alpha*A@B`` run as one call, in place, on transposed views without copies;
-* ``cross_entropy`` and its gradient are small Numba loops: one pass over the logits each, where
-  the numpy reference makes a handful of temporaries.
+* ``sum_accumulate`` (a bias update), ``cross_entropy`` and its gradient are small Numba loops:
+  one pass over the input each, where the numpy reference makes a handful of temporaries.
 """
 
 import math
@@ -32,11 +32,40 @@ def _sigmoid_out(out, x):
     out *= 0.5
 
 
+@numba.njit(error_model="numpy", cache=False)
+def _bias_relu_rows(out, b):
+    """out[i, j] = max(out[i, j] + b[j], 0) in one pass."""
+    for i in range(out.shape[0]):
+        row = out[i]
+        for j in range(row.shape[0]):
+            v = row[j] + b[j]
+            row[j] = 0 if v <= 0 else v  # NaN stays NaN, as with np.maximum
+
+
+@numba.njit(error_model="numpy", cache=False)
+def _relu_grad_flat(out, g, x):
+    for i in range(out.shape[0]):
+        out[i] = g[i] if x[i] > 0 else g[i] * 0  # as g * (x > 0): inf * 0 is NaN
+
+
 def _fused_linear_out(out, a, w, b, activation=None):
     np.matmul(a, w, out=out)
+    if (activation == "relu" and out.ndim == 2 and b.shape == out.shape[1:]
+            and b.dtype == out.dtype and out.flags.c_contiguous):
+        _bias_relu_rows(out, b)
+        return
     np.add(out, b, out=out, casting="unsafe")
     if activation == "relu":
         np.maximum(out, 0, out=out)
+
+
+def _relu_grad_out(out, g, x):
+    """g where x > 0, else 0: one Numba pass when all three are alike and contiguous."""
+    if (g.shape == x.shape == out.shape and g.dtype == out.dtype and x.dtype == out.dtype
+            and out.flags.c_contiguous and g.flags.c_contiguous and x.flags.c_contiguous):
+        _relu_grad_flat(out.reshape(-1), g.reshape(-1), x.reshape(-1))
+    else:
+        np.multiply(g, x > 0, out=out)
 
 
 # --- GEMM through numpy's own BLAS -----------------------------------------------------------
@@ -103,7 +132,8 @@ def gemm_out(out, c, a, b, alpha=1.0, beta=1.0):
     if not _CBLAS:
         _CBLAS.append(_find_cblas())
     fn = _CBLAS[0].get(out.dtype)
-    same = out.ctypes.data == c.ctypes.data
+    same = c is out or (c.ctypes.data == out.ctypes.data and c.shape == out.shape
+                        and c.strides == out.strides)
     pa, pb = _operand(a), _operand(b)
     if (fn is None or pa is None or pb is None or out.ndim != 2 or not out.flags.c_contiguous
             or a.dtype != out.dtype or b.dtype != out.dtype or 0 in out.shape
@@ -116,6 +146,27 @@ def gemm_out(out, c, a, b, alpha=1.0, beta=1.0):
     m, n = out.shape
     fn(_ROW_MAJOR, pa[1], pb[1], m, n, a.shape[1], alpha, pa[0], pa[2], pb[0], pb[2], beta,
        out.ctypes.data, max(n, 1))
+
+
+# --- column sum with accumulation (a bias gradient folded into its update) --------------------
+@numba.njit(error_model="numpy", cache=False)
+def _sum_rows_into(out, c, x, alpha, beta):
+    acc = np.zeros(x.shape[1], np.float64)
+    for i in range(x.shape[0]):
+        row = x[i]
+        for j in range(row.shape[0]):
+            acc[j] += row[j]
+    for j in range(out.shape[0]):
+        out[j] = beta * c[j] + alpha * acc[j]
+
+
+def sum_accumulate_out(out, c, x, alpha=1.0, beta=1.0):
+    """``out <- beta * c + alpha * x.sum(axis=0)`` in one pass over ``x`` (``out`` may be
+    ``c``); the sum is accumulated in float64."""
+    if x.ndim == 2 and x.flags.c_contiguous and out.flags.c_contiguous and x.dtype == out.dtype:
+        _sum_rows_into(out, c, x, alpha, beta)
+    else:
+        np.copyto(out, beta * c + alpha * x.sum(axis=0), casting="unsafe")
 
 
 # --- softmax cross-entropy --------------------------------------------------------------------
@@ -178,7 +229,7 @@ def cross_entropy_grad_out(out, x, t):
 #: Kernels that write into a given output array: ``fn(out, *arrays, **attrs)``.
 OUT_KERNELS = {
     "relu": lambda out, x: np.maximum(x, 0, out=out),
-    "relu_grad": lambda out, g, x: np.multiply(g, x > 0, out=out),
+    "relu_grad": _relu_grad_out,
     "sigmoid": _sigmoid_out,
     "matmul": lambda out, a, b: np.matmul(a, b, out=out),
     "sum": lambda out, x, axis, keepdims: np.sum(x, axis=axis, keepdims=keepdims, out=out),
@@ -186,6 +237,7 @@ OUT_KERNELS = {
     "copy": lambda out, x, src, dst: np.copyto(out, x),
     "fused_linear": _fused_linear_out,
     "gemm": gemm_out,
+    "sum_accumulate": sum_accumulate_out,
 }
 for _name, _uf in _UFUNC.items():
     OUT_KERNELS[_name] = (lambda uf: lambda out, *xs: uf(*xs, out=out))(_uf)

@@ -242,13 +242,19 @@ def fuse_gemm_accumulate(graph):
     the weight gradient is written to a temporary, scaled into a second one and subtracted
     from ``w`` in a third pass. As one GEMM with ``alpha = -lr`` and ``beta = 1`` the product
     is accumulated straight into ``w``'s buffer (``gemm`` may overwrite ``c`` when ``c`` dies
-    there, or when the caller donates it), and the gradient never exists in memory. Residual
-    connections ``h + x @ w`` take the same path.
+    there, or when the caller donates it), and the gradient never exists in memory. A residual
+    connection ``h + x @ w`` fits the pattern too, unless :func:`fuse_matmul_bias_act` (earlier
+    in the default pipeline) has already taken it as a matmul with a full-size bias.
 
-    It fires when ``a @ b`` is 2-D, ``c`` has exactly its shape and dtype (float), the scale
-    ``s`` is a scalar constant, and the product and scaled product have no other reader and
-    are not graph outputs. Rounding differs from the unfused graph by a few ulps (BLAS
-    computes ``alpha * acc + beta * c`` with its own operation order).
+    The bias update ``b - lr * g.sum(axis=0)`` is the same shape of computation (a column sum
+    is ``ones @ g``) and becomes one ``sum_accumulate`` node: the bias gradient is summed and
+    applied in one pass.
+
+    It fires when ``a @ b`` is 2-D (for a sum: a 2-D ``x`` summed over axis 0), ``c`` has
+    exactly the result's shape and dtype (float), the scale ``s`` is a scalar constant, and the
+    product and scaled product have no other reader and are not graph outputs. Rounding
+    differs from the unfused graph by a few ulps (BLAS computes ``alpha * acc + beta * c``
+    with its own operation order).
     """
     plan = _gemm_patterns(graph)
     rw = Rewriter(graph)
@@ -257,8 +263,9 @@ def fuse_gemm_accumulate(graph):
         if pattern is None:
             rw.copy(n)
         elif pattern[0] is n:
-            _, mm, c, alpha, beta = pattern
-            rw.bind(n.output, rw.emit("gemm", [rw[c], rw[mm.inputs[0]], rw[mm.inputs[1]]],
+            _, prod, c, alpha, beta = pattern
+            op = "gemm" if prod.op == "matmul" else "sum_accumulate"
+            rw.bind(n.output, rw.emit(op, [rw[c], *(rw[v] for v in prod.inputs)],
                                       {"alpha": alpha, "beta": beta}, name=n.output.name,
                                       source=n.source))
     return rw.build()
@@ -269,19 +276,27 @@ def _scalar_const(graph, v):
     return float(arr.reshape(())) if arr is not None and arr.size == 1 else None
 
 
-def _scaled_matmul(graph, v, outs):
-    """``(matmul node, scale, inner nodes)`` when ``v`` is ``a @ b`` or ``s * (a @ b)`` (either
-    order) whose intermediates only feed this pattern; else None."""
+def _is_product(node):
+    """A 2-D matmul, or a 2-D tensor summed over axis 0 (``ones @ x``)."""
+    if node.op == "matmul":
+        return len(node.output.shape) == 2
+    return (node.op == "sum" and len(node.inputs[0].shape) == 2
+            and tuple(node.attrs.get("axis") or ()) == (0,) and not node.attrs.get("keepdims"))
+
+
+def _scaled_product(graph, v, outs):
+    """``(product node, scale, inner nodes)`` when ``v`` is a product (see _is_product) or
+    ``s * product`` (either order) whose intermediates only feed this pattern; else None."""
     p = v.producer
     if p is None or id(v) in outs or len({id(u) for u in v.users}) != 1:
         return None
-    if p.op == "matmul":
+    if _is_product(p):
         return p, 1.0, (p,)
     if p.op != "mul" or len(p.inputs) != 2:
         return None
     for k in (0, 1):
         s, m = _scalar_const(graph, p.inputs[k]), p.inputs[1 - k]
-        if s is None or m is p.inputs[k] or m.producer is None or m.producer.op != "matmul":
+        if s is None or m is p.inputs[k] or m.producer is None or not _is_product(m.producer):
             continue
         if id(m) in outs or len({id(u) for u in m.users}) != 1 or m.aval != v.aval:
             continue
@@ -290,21 +305,20 @@ def _scaled_matmul(graph, v, outs):
 
 
 def _gemm_patterns(graph):
-    """id(node) -> (add/sub node, matmul node, c, alpha, beta) for every node of a pattern."""
+    """id(node) -> (add/sub node, product node, c, alpha, beta) for every node of a pattern."""
     outs = set(map(id, graph.outputs))
     plan = {}
     for n in graph.nodes:
         if n.op not in ("add", "sub") or len(n.inputs) != 2 or len(n.outputs) != 1:
             continue
         for k in (1, 0):  # prefer c on the left: c - s * (a @ b)
-            found = _scaled_matmul(graph, n.inputs[k], outs)
+            found = _scaled_product(graph, n.inputs[k], outs)
             c = n.inputs[1 - k]
             if found is None or c is n.inputs[k]:
                 continue
             mm, s, inner = found
-            if (len(mm.output.shape) != 2 or c.aval != n.output.aval
-                    or mm.output.aval != n.output.aval or not dtypes.is_float(c.dtype)
-                    or any(id(m) in plan for m in inner)):
+            if (c.aval != n.output.aval or mm.output.aval != n.output.aval
+                    or not dtypes.is_float(c.dtype) or any(id(m) in plan for m in inner)):
                 continue
             if n.op == "add":
                 alpha, beta = s, 1.0

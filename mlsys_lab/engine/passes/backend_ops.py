@@ -4,8 +4,9 @@
   channels-last kernels :func:`~.backend.layout_transform` switches to;
 * ``fused_linear`` — ``act(a @ w + b)`` and ``fused_conv`` — ``act(conv2d(x, w) + b)``, made by
   :func:`~.backend.fuse_matmul_bias_act`;
-* ``gemm`` — ``beta * c + alpha * (a @ b)``, BLAS's own operation, made by
-  :func:`~.backend.fuse_gemm_accumulate`. Its output may take over ``c``'s buffer.
+* ``gemm`` — ``beta * c + alpha * (a @ b)``, BLAS's own operation, and ``sum_accumulate`` —
+  ``beta * c + alpha * x.sum(axis=0)`` (a bias gradient folded into its update), made by
+  :func:`~.backend.fuse_gemm_accumulate`. Their output may take over ``c``'s buffer.
 """
 
 import numpy as np
@@ -124,13 +125,14 @@ FUSED_CONV = _register("fused_conv", _fused_conv, _epilogue_infer("fused_conv", 
 
 # --- GEMM with accumulation -------------------------------------------------------------------
 def _gemm_infer(c, a, b, alpha=1.0, beta=1.0):
-    y = get("matmul").infer(a, b)
-    if len(y.shape) != 2 or tuple(c.shape) != tuple(y.shape):
-        raise ShapeError(f"gemm: expects 2-D a @ b with c of the same shape, got a "
-                         f"{tuple(a.shape)}, b {tuple(b.shape)}, c {tuple(c.shape)}")
-    if c.dtype != y.dtype or not dtypes.is_float(c.dtype):
-        raise DTypeError(f"gemm: expects one floating dtype, got c {c.dtype}, a @ b {y.dtype}")
-    return AVal(tuple(y.shape), y.dtype)
+    shapes = f"c {tuple(c.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}"
+    if (len(a.shape) != 2 or len(b.shape) != 2 or a.shape[1] != b.shape[0]
+            or tuple(c.shape) != (a.shape[0], b.shape[1])):
+        raise ShapeError(f"gemm: expects c (M, N), a (M, K), b (K, N), got {shapes}")
+    if not (c.dtype == a.dtype == b.dtype) or not dtypes.is_float(c.dtype):
+        raise DTypeError(f"gemm: expects c, a and b of one floating dtype, got {c.dtype}, "
+                         f"{a.dtype}, {b.dtype}")
+    return AVal(tuple(c.shape), c.dtype)
 
 
 def _gemm(c, a, b, alpha=1.0, beta=1.0):
@@ -138,3 +140,20 @@ def _gemm(c, a, b, alpha=1.0, beta=1.0):
 
 
 GEMM = _register("gemm", _gemm, _gemm_infer, inplace=(0,))
+
+
+def _sum_acc_infer(c, x, alpha=1.0, beta=1.0):
+    if len(x.shape) != 2 or tuple(c.shape) != (x.shape[1],):
+        raise ShapeError(f"sum_accumulate: expects c (N,) and x (M, N), got c {tuple(c.shape)}, "
+                         f"x {tuple(x.shape)}")
+    if c.dtype != x.dtype or not dtypes.is_float(c.dtype):
+        raise DTypeError(f"sum_accumulate: expects c and x of one floating dtype, got {c.dtype}, "
+                         f"{x.dtype}")
+    return AVal(tuple(c.shape), c.dtype)
+
+
+def _sum_acc(c, x, alpha=1.0, beta=1.0):
+    return (beta * c + alpha * x.sum(axis=0)).astype(c.dtype, copy=False)
+
+
+SUM_ACCUMULATE = _register("sum_accumulate", _sum_acc, _sum_acc_infer, inplace=(0,))
