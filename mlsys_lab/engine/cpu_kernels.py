@@ -2,14 +2,15 @@
 
 ``ml.compile`` plans one arena for every intermediate and calls ``OUT_KERNELS[op](out, *inputs,
 **attrs)`` with ``out`` already a view at the tensor's planned offset, so a kernel must write
-``out`` and allocate nothing of the output's size. Most are numpy calls with ``out=``; three
+``out`` and allocate nothing of the output's size. Most are numpy calls with ``out=``; these
 are more than that:
 
 * ``gemm`` calls ``cblas_sgemm``/``cblas_dgemm`` of numpy's own BLAS directly (ctypes),
   because only the BLAS interface has the ``alpha``/``beta`` and transpose flags that let
   ``C <- beta*C + alpha*A@B`` run as one call, in place, on transposed views without copies;
-* ``sum_accumulate`` (a bias update), ``cross_entropy`` and its gradient are small Numba loops:
-  one pass over the input each, where the numpy reference makes a handful of temporaries.
+* ``sum_accumulate`` (a bias update), ``cross_entropy`` and its gradient, ``relu_grad`` and the
+  bias + ReLU epilogue of ``fused_linear`` are small Numba loops: one pass over the input each,
+  where numpy makes several passes and temporaries.
 """
 
 import math

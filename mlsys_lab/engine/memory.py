@@ -268,12 +268,57 @@ def greedy_by_breadth(records: Sequence[Lifetime]) -> dict:
     A tensor's breadth is the most bytes live at any step it covers; ties go to the bigger
     tensor. Placement is then lowest-fit, as in ``greedy_by_size``.
     """
+    return _place(records, _breadth_order(records))
+
+
+def _breadth_order(records: Sequence[Lifetime]) -> list[int]:
     steps, live = _live_bytes_at_starts(records)
     first = np.searchsorted(steps, [r.start for r in records], side="left")
     last = np.searchsorted(steps, [r.end for r in records], side="right")
     breadth = [int(live[a:b].max()) for a, b in zip(first, last, strict=True)]
-    order = sorted(range(len(records)), key=lambda i: (-breadth[i], -records[i].size, i))
-    return _place(records, order)
+    return sorted(range(len(records)), key=lambda i: (-breadth[i], -records[i].size, i))
+
+
+#: Placement budget of ``local_search``, in tensors placed: each try re-places every tensor, so
+#: a graph of n tensors gets about ``LOCAL_SEARCH_WORK // n**2`` tries (at most 64).
+LOCAL_SEARCH_WORK = 8_000_000
+
+
+@_strategy("local_search")
+def local_search(records: Sequence[Lifetime]) -> dict:
+    """``greedy_by_breadth``, then a bounded local search over the placement order.
+
+    The arena's height is set by the tensors that reach its top. Placing one of them earlier
+    (before the tensors that pushed it up) may let it sit lower; the search tries each such
+    tensor at each earlier position, keeps the first order that shrinks the arena and starts
+    again, until nothing improves, the lower bound is reached, or the budget is spent. It is
+    deterministic: the same records always give the same plan.
+    """
+    order = _breadth_order(records)
+    offsets = _place(records, order)
+    size, floor = _arena_size(records, offsets), lower_bound(records)
+    tries = min(64, LOCAL_SEARCH_WORK // max(len(records), 1) ** 2)
+    while size > floor and tries > 0:
+        top = [k for k, i in enumerate(order) if offsets[records[i].id] + records[i].size == size]
+        better = None
+        for k in top:
+            rest = order[:k] + order[k + 1:]
+            for pos in range(k):
+                if tries == 0:
+                    break
+                tries -= 1
+                candidate = rest[:pos] + [order[k]] + rest[pos:]
+                placed = _place(records, candidate)
+                if _arena_size(records, placed) < size:
+                    better = candidate, placed
+                    break
+            if better or tries == 0:
+                break
+        if better is None:
+            break
+        order, offsets = better
+        size = _arena_size(records, offsets)
+    return offsets
 
 
 LONG_LIVED_FRACTION = 0.5
