@@ -4,7 +4,8 @@
 
 Prints the median time of each and the ratios eager / numpy (target: <= 1.5x) and compiled /
 numpy (``ml.compile_train_step``: forward, backward and update in one planned graph; target
-<= 0.9x), plus the ratios to PyTorch eager when torch is importable (optional). Everything uses
+<= 0.9x), plus the ratios to PyTorch eager when torch is importable (optional; measured in
+alternating blocks, see ``block_median_times``; target compiled <= 1.0x). Everything uses
 float32 and the same BLAS. The last columns time the step's matrix products alone (into
 preallocated buffers): about the floor under any implementation of the step on this machine.
 """
@@ -132,6 +133,23 @@ def median_times(fns, repeats):
     return [statistics.median(ts) for ts in times]
 
 
+def block_median_times(fns, repeats, block=40, settle=10):
+    """Median times measured in alternating blocks of ``block`` calls per function, the first
+    ``settle`` calls of each block dropped. For PyTorch, whose OpenMP threads keep spinning for
+    a while after its last op and would slow whatever runs next: each block starts after the
+    previous one's threads have had ``settle`` calls to quiet down, and alternating blocks still
+    spread machine-load drifts over every contestant."""
+    times = [[] for _ in fns]
+    for _ in range(max(1, repeats // (block - settle))):
+        for fn, ts in zip(fns, times):
+            for k in range(block):
+                t0 = time.perf_counter()
+                fn()
+                if k >= settle:
+                    ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=50)
@@ -159,18 +177,21 @@ def main(argv=None):
         t_np, t_ml, t_c, t_mm = median_times([lambda: numpy_step(np_params, x, y),
                                                lambda: mlsys_step(model, opt, xt, yt),
                                                lambda: step(x, y), floor], args.repeats)
-        t_torch = None
-        try:  # timed on its own: PyTorch's OpenMP threads keep spinning after each op
+        try:  # in blocks, not round-robin: see block_median_times
             import torch
 
             tstep = torch_step_fn(params)
             xt_, yt_ = torch.from_numpy(x), torch.from_numpy(y)
-            (t_torch,) = median_times([lambda: tstep(xt_, yt_)], args.repeats)
+            for _ in range(3):
+                tstep(xt_, yt_)
+            b_ml, b_c, t_torch = block_median_times([lambda: mlsys_step(model, opt, xt, yt),
+                                                     lambda: step(x, y),
+                                                     lambda: tstep(xt_, yt_)], args.repeats)
+            torch_cols = (f"{t_torch * 1e3:>10.3f}{b_ml / t_torch:>12.2f}x"
+                          f"{b_c / t_torch:>15.2f}x")
         except ImportError:
-            pass
+            torch_cols = f"{'n/a':>10}{'n/a':>13}{'n/a':>16}"
         name = "-".join(map(str, sizes))
-        torch_cols = (f"{t_torch * 1e3:>10.3f}{t_ml / t_torch:>12.2f}x{t_c / t_torch:>15.2f}x"
-                      if t_torch else f"{'n/a':>10}{'n/a':>13}{'n/a':>16}")
         print(f"{name:<20}{batch:>6}{t_np * 1e3:>10.3f}{t_ml * 1e3:>10.3f}{t_c * 1e3:>12.3f}"
               f"{t_ml / t_np:>12.2f}x{t_c / t_np:>15.2f}x{torch_cols}"
               f"{t_mm * 1e3:>10.3f}{t_mm / t_np:>12.2f}x")
