@@ -121,16 +121,20 @@ class Compiled:
         recs = {r.id: r for r in self.lifetimes}
         elementwise = {name for name, op in REGISTRY.items() if op.elementwise}
         overwrites = {name: op.inplace for name, op in REGISTRY.items() if op.inplace}
-        pairs = []
-        for o, i in memory.inplace_pairs(self.graph, self.order, elementwise, overwrites):
-            if o not in recs or i not in recs or recs[i].end != recs[o].start:
-                continue
-            node = o.producer
-            if node.op not in elementwise and sum(
-                    self._view_root.get(v, v) is i for v in node.inputs) > 1:
-                continue
-            pairs.append((o, i))
-        return pairs
+        return [(o, i) for o, i in memory.inplace_pairs(self.graph, self.order, elementwise,
+                                                        overwrites)
+                if o in recs and i in recs and recs[i].end == recs[o].start
+                and self._may_overwrite(o.producer, i)]
+
+    def _may_overwrite(self, node, src):
+        """Whether ``node`` may write its output over ``src``'s buffer: it is elementwise, or
+        ``src`` sits at one of its op's ``inplace`` positions and is read nowhere else by the
+        node (views of it included)."""
+        op = get(node.op)
+        if op.elementwise:
+            return True
+        roots = [self._view_root.get(v, v) for v in node.inputs]
+        return roots.count(src) == 1 and any(node.inputs[k] is src for k in op.inplace)
 
     def _donations(self, donate):
         """Output value -> input value whose buffer it may overwrite.
@@ -153,10 +157,7 @@ class Compiled:
             if (node is None or src.aval != dst.aval or src in returned
                     or dst in g.outputs[:j] + g.outputs[j + 1:]):
                 continue
-            op = get(node.op)
-            roots = [self._view_root.get(v, v) for v in node.inputs]
-            if not op.elementwise and (roots.count(src) > 1 or
-                                       not any(node.inputs[k] is src for k in op.inplace)):
+            if not self._may_overwrite(node, src):
                 continue
             if max(readers.get(src, [-1])) == self.order.index(node):
                 out[dst] = src
@@ -262,8 +263,7 @@ class Compiled:
         for v, slot, a in zip(g.inputs, self._input_slots, flat):
             if type(a) is not np.ndarray:
                 a = as_input(a, v.dtype)
-            if a.shape != v.shape or a.dtype != v.dtype:
-                check_input(g.name, v, a.shape, a.dtype)
+            check_input(g.name, v, a.shape, a.dtype)
             env[slot] = a
         for dst, src in self._donated_slots:
             env[dst] = env[src]

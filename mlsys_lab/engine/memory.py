@@ -300,24 +300,18 @@ def local_search(records: Sequence[Lifetime]) -> dict:
     tries = min(64, LOCAL_SEARCH_WORK // max(len(records), 1) ** 2)
     while size > floor and tries > 0:
         top = [k for k, i in enumerate(order) if offsets[records[i].id] + records[i].size == size]
-        better = None
-        for k in top:
-            rest = order[:k] + order[k + 1:]
-            for pos in range(k):
-                if tries == 0:
-                    break
-                tries -= 1
-                candidate = rest[:pos] + [order[k]] + rest[pos:]
-                placed = _place(records, candidate)
-                if _arena_size(records, placed) < size:
-                    better = candidate, placed
-                    break
-            if better or tries == 0:
+        moves = (order[:pos] + [order[k]] + order[pos:k] + order[k + 1:]
+                 for k in top for pos in range(k))
+        for candidate in moves:
+            if tries == 0:
                 break
-        if better is None:
+            tries -= 1
+            placed = _place(records, candidate)
+            if _arena_size(records, placed) < size:
+                order, offsets, size = candidate, placed, _arena_size(records, placed)
+                break
+        else:  # no move shrinks the arena
             break
-        order, offsets = better
-        size = _arena_size(records, offsets)
     return offsets
 
 
