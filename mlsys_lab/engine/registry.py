@@ -34,6 +34,9 @@ class Op:
         inplace: positions of inputs (besides those of an elementwise op) whose buffer the
             output may take over: element i of that input is read only to write element i
             of the output (``gemm``'s accumulator C).
+        impure: the result is not a function of the inputs alone (it draws fresh randomness
+            on every run, like ``rng_seed``): passes never fold, merge or drop such a node,
+            and tracing records it even when it has no traced input.
         impls: extra kernels by device name, for operator selection.
     """
 
@@ -44,6 +47,7 @@ class Op:
     jvp: Callable | None = None
     elementwise: bool = False
     inplace: tuple = ()
+    impure: bool = False
     impls: dict = field(default_factory=dict)
 
     def __repr__(self):

@@ -272,6 +272,8 @@ def apply(op, *args, **attrs):
         if t.data is None:
             builder = t._builder
             break
+    if builder is None and op.impure and MODE.builders:  # fresh randomness: record, don't run
+        builder = MODE.builders[-1]
     if builder is None:
         out = Tensor._wrap(run_kernel(op, [t.data for t in ts], attrs))
         if MODE.allocator is not None:
