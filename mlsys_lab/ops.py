@@ -45,6 +45,7 @@ from .engine.ops_nn import (
                               max_pool2d,
                               mse_loss,
                               one_hot,
+                              rng_seed,
                               softmax,
 )
 from .engine.ops_shape import (
@@ -71,6 +72,6 @@ __all__ = [
     "cond", "conv2d", "cos", "cross_entropy", "div", "dropout", "embedding", "eq", "exp", "ge",
     "getitem", "gt", "identity", "layer_norm", "le", "log", "log_softmax", "lt", "manual_seed",
     "matmul", "max", "max_pool2d", "maximum", "mean", "minimum", "mse_loss", "mul", "ne", "neg",
-    "one_hot", "pad", "pow", "relu", "reshape", "sigmoid", "sign", "sin", "softmax", "sqrt",
-    "stack", "sub", "sum", "take", "tanh", "transpose", "where",
+    "one_hot", "pad", "pow", "relu", "reshape", "rng_seed", "sigmoid", "sign", "sin", "softmax",
+    "sqrt", "stack", "sub", "sum", "take", "tanh", "transpose", "where",
 ]

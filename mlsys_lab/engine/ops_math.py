@@ -108,41 +108,60 @@ DIV = _defop("div", np.true_divide, _binary("div", _to_float),
                                     _m(ts[1], lambda t: -t * y / xs[1])), elementwise=True)
 
 
+def _pow_dbase(a, b):
+    """d a**b / d a = b * a**(b-1), and 0 where b == 0 (PyTorch and JAX; the formula would
+    give 0 * 0**-1 = NaN at a == 0)."""
+    nonzero = ne(b, 0)
+    return where(nonzero, b * a ** where(nonzero, b - 1, 1), 0.0)
+
+
+def _pow_dexp(a, y):
+    """d a**b / d b = a**b * log(a), with log(0) read as 0 (so 0 where a == 0 and b > 0, as
+    PyTorch and JAX give, instead of 0 * -inf = NaN)."""
+    if not dtypes.is_float(a.dtype):
+        a = cast(a, y.dtype)
+    return y * log(where(eq(a, 0), 1.0, a))
+
+
 def _pow_vjp(g, xs, y, n):
     a, b = xs
-    ga = unbroadcast(g * b * a ** (b - 1), a.shape) if n[0] else None
-    gb = unbroadcast(g * y * log(a), b.shape) if n[1] else None
+    ga = unbroadcast(g * _pow_dbase(a, b), a.shape) if n[0] else None
+    gb = unbroadcast(g * _pow_dexp(a, y), b.shape) if n[1] else None
     return ga, gb
 
 
 POW = _defop("pow", np.power, _binary("pow"), _pow_vjp,
-             lambda ts, xs, y: tsum(_m(ts[0], lambda t: t * xs[1] * xs[0] ** (xs[1] - 1)),
-                                    _m(ts[1], lambda t: t * y * log(xs[0]))), elementwise=True)
+             lambda ts, xs, y: tsum(_m(ts[0], lambda t: t * _pow_dbase(*xs)),
+                                    _m(ts[1], lambda t: t * _pow_dexp(xs[0], y))),
+             elementwise=True)
 
 
-def _select_vjp(first_wins):
+def _tie_vjp(wins):
+    """VJP of maximum (``wins`` = gt) or minimum (lt): the strict winner takes ``g``, a tie
+    splits it 0.5 / 0.5 (PyTorch, JAX), and an unordered pair (a NaN) sends nothing."""
     def vjp(g, xs, y, n):
         a, b = xs
-        mask = (a >= b) if first_wins else (a <= b)
-        return (unbroadcast(where(mask, g, 0.0), a.shape) if n[0] else None,
-                unbroadcast(where(mask, 0.0, g), b.shape) if n[1] else None)
+        tie = where(eq(a, b), g * 0.5, 0.0)
+        return (unbroadcast(where(wins(a, b), g, tie), a.shape) if n[0] else None,
+                unbroadcast(where(wins(b, a), g, tie), b.shape) if n[1] else None)
     return vjp
 
 
-def _select_jvp(first_wins):
+def _tie_jvp(wins):
+    """JVP matching :func:`_tie_vjp`: the winner's tangent, the mean of both on a tie."""
     def jvp(ts, xs, y):
         a, b = xs
-        mask = (a >= b) if first_wins else (a <= b)
         ta = ts[0] if ts[0] is not None else zeros_like(a)
         tb = ts[1] if ts[1] is not None else zeros_like(b)
-        return where(mask, ta, tb)
+        tie = where(eq(a, b), (ta + tb) * 0.5, 0.0)
+        return where(wins(a, b), ta, where(wins(b, a), tb, tie))
     return jvp
 
 
-MAXIMUM = _defop("maximum", np.maximum, _binary("maximum"), _select_vjp(True), _select_jvp(True),
-                 elementwise=True)
-MINIMUM = _defop("minimum", np.minimum, _binary("minimum"), _select_vjp(False),
-                 _select_jvp(False), elementwise=True)
+MAXIMUM = _defop("maximum", np.maximum, _binary("maximum"), _tie_vjp(lambda a, b: gt(a, b)),
+                 _tie_jvp(lambda a, b: gt(a, b)), elementwise=True)
+MINIMUM = _defop("minimum", np.minimum, _binary("minimum"), _tie_vjp(lambda a, b: lt(a, b)),
+                 _tie_jvp(lambda a, b: lt(a, b)), elementwise=True)
 
 # --- comparisons (no gradient) ----------------------------------------------------------------
 _CMP = {}
@@ -153,7 +172,11 @@ for _name, _fn in (("eq", np.equal), ("ne", np.not_equal), ("lt", np.less),
 
 # --- unary ------------------------------------------------------------------------------------
 def _sigmoid_np(x):
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
+    """1 / (1 + e^-x) from z = e^-|x| <= 1, which never overflows: 1 / (1 + z) for x >= 0 and
+    z / (1 + z) for x < 0, so the negative tail keeps its relative precision (sigmoid(-40) is
+    4.2e-18 in float32, not 0) and NaN stays NaN."""
+    z = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0, z) / (1.0 + z)
 
 
 def _relu_np(x):
@@ -177,7 +200,13 @@ SIN = _defop("sin", np.sin, _unary_float("sin"), lambda g, xs, y, n: (g * cos(xs
              lambda ts, xs, y: ts[0] * cos(xs[0]), elementwise=True)
 COS = _defop("cos", np.cos, _unary_float("cos"), lambda g, xs, y, n: (-g * sin(xs[0]),),
              lambda ts, xs, y: -ts[0] * sin(xs[0]), elementwise=True)
-RELU_GRAD = _defop("relu_grad", lambda g, x: g * (x > 0),
+def _relu_grad_np(g, x):
+    """``g`` where ``x > 0``, else exactly 0 (PyTorch's threshold_backward): a NaN or inf in
+    ``g`` at a dead unit gives 0, not ``inf * 0 = NaN``."""
+    return np.where(x > 0, g, np.zeros((), g.dtype))
+
+
+RELU_GRAD = _defop("relu_grad", _relu_grad_np,
                    lambda g, x: AVal(broadcast_shapes("relu_grad", g.shape, x.shape), g.dtype),
                    lambda u, xs, y, n: (relu_grad(u, xs[1]) if n[0] else None, None),
                    lambda ts, xs, y: None if ts[0] is None else relu_grad(ts[0], xs[1]),
@@ -256,17 +285,28 @@ def div(a, b):
 
 
 def pow(a, b):  # noqa: A001 - numpy's name
-    """Elementwise ``a ** b``."""
+    """Elementwise ``a ** b``.
+
+    Gradients follow PyTorch and JAX at ``a == 0``: d/da is 0 where ``b == 0`` and d/db is 0
+    where ``b >= 0`` (``log(0)`` read as 0). One divergence from PyTorch: d/db at ``a == 0``,
+    ``b < 0`` is NaN (as in JAX), where PyTorch gives -inf.
+    """
     return apply(POW, a, b)
 
 
 def maximum(a, b):
-    """Elementwise maximum (gradient goes to ``a`` on ties)."""
+    """Elementwise maximum (NaN propagates, as in numpy).
+
+    The gradient goes to the larger input; on a tie it is split 0.5 / 0.5 (PyTorch and JAX),
+    so ``maximum(x, x)`` has the gradient of ``x``. Where the result is NaN neither input gets
+    a gradient (JAX's rule; PyTorch passes it to both).
+    """
     return apply(MAXIMUM, a, b)
 
 
 def minimum(a, b):
-    """Elementwise minimum (gradient goes to ``b`` on ties)."""
+    """Elementwise minimum; gradient as for :func:`maximum` (ties split 0.5 / 0.5, none where
+    the result is NaN)."""
     return apply(MINIMUM, a, b)
 
 
@@ -316,7 +356,7 @@ def log(x):
 
 
 def sqrt(x):
-    """Elementwise square root."""
+    """Elementwise square root (gradient inf at 0, as in PyTorch)."""
     return apply(SQRT, x)
 
 
@@ -326,7 +366,14 @@ def tanh(x):
 
 
 def sigmoid(x):
-    """Logistic function 1 / (1 + e^-x)."""
+    """Logistic function 1 / (1 + e^-x), computed stably on both tails.
+
+    With ``z = exp(-|x|)``: ``1 / (1 + z)`` for ``x >= 0``, ``z / (1 + z)`` for ``x < 0``. So
+    ``log(sigmoid(-40.))`` is -40 in float32 and float64, as in PyTorch. Below about -87 in
+    float32 (-708 in float64) the result is subnormal: ``log`` of it loses precision and its
+    gradient ``1 / y`` overflows; below about -103 (-745) it is 0. PyTorch's float32 sigmoid
+    is already 0 at -100.
+    """
     return apply(SIGMOID, x)
 
 
@@ -341,7 +388,8 @@ def cos(x):
 
 
 def relu(x):
-    """max(x, 0) elementwise."""
+    """max(x, 0) elementwise. The gradient at 0 is 0 (PyTorch's convention); at NaN it is 0,
+    where PyTorch passes the incoming gradient through."""
     return apply(RELU, x)
 
 
@@ -351,12 +399,14 @@ def relu_grad(g, x):
 
 
 def abs(x):  # noqa: A001
-    """Elementwise absolute value."""
+    """Elementwise absolute value. The gradient is ``sign(x)``: 0 at 0, as in PyTorch, and NaN
+    at NaN (PyTorch gives 0 there)."""
     return apply(ABS, x)
 
 
 def sign(x):
-    """Elementwise sign: -1, 0 or 1 (no gradient)."""
+    """Elementwise sign: -1, 0 or 1 (no gradient). ``sign(NaN)`` is NaN, as in numpy
+    (PyTorch returns 0)."""
     return apply(SIGN, x)
 
 

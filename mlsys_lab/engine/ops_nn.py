@@ -5,13 +5,13 @@ import numpy as np
 from ..errors import DTypeError, OpError, ShapeError
 from . import dtypes
 from .ops_math import cast, exp, sqrt, tsum
-from .ops_shape import mean, reshape, sum
+from .ops_shape import as_int, mean, reshape, sum
 from .registry import AVal, Op, register
-from .tensor import apply
+from .tensor import Tensor, apply
 
 
-def _defop(name, compute, infer, vjp=None, jvp=None):
-    return register(Op(name, compute, infer, vjp, jvp))
+def _defop(name, compute, infer, vjp=None, jvp=None, **flags):
+    return register(Op(name, compute, infer, vjp, jvp, **flags))
 
 
 def _float_infer(name):
@@ -26,11 +26,15 @@ def _float_infer(name):
 
 # --- softmax family ---------------------------------------------------------------------------
 def _softmax_np(x, axis):
+    if x.size == 0:  # nothing to normalise (np.max would refuse a length-0 axis)
+        return np.empty_like(x)
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
 def _log_softmax_np(x, axis):
+    if x.size == 0:
+        return np.empty_like(x)
     z = x - np.max(x, axis=axis, keepdims=True)
     return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
 
@@ -145,15 +149,34 @@ MSE_LOSS = _defop("mse_loss", lambda p, t: np.mean((p - t) ** 2), _mse_infer, _m
 
 
 # --- convolution (NCHW input, OIHW weight) ----------------------------------------------------
-def _pair(v):
-    return (int(v), int(v)) if np.isscalar(v) else (int(v[0]), int(v[1]))
+def _pair(op, name, v):
+    """An int or a pair of ints as a pair of Python ints (else a library error naming ``op``)."""
+    pair = (v, v) if np.isscalar(v) else tuple(v)
+    if len(pair) != 2:
+        raise ShapeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+    return tuple(as_int(op, name, e) for e in pair)
 
 
 def conv_out_size(size, k, stride, pad):
     return (size + 2 * pad - k) // stride + 1
 
 
+def _check_window(op, stride, padding, kernel=None):
+    """Refuse strides < 1, negative padding and (pooling) kernels < 1 or padding more than half
+    the kernel, naming ``op`` and the value, before any size is divided by the stride."""
+    if kernel is not None and min(kernel) < 1:
+        raise ShapeError(f"{op}: kernel_size must be positive, got {kernel}")
+    if min(stride) < 1:
+        raise ShapeError(f"{op}: stride must be positive, got {stride}")
+    if min(padding) < 0:
+        raise ShapeError(f"{op}: padding must be non-negative, got {padding}")
+    if kernel is not None and any(2 * p > k for p, k in zip(padding, kernel)):
+        raise ShapeError(f"{op}: padding {padding} must be at most half of kernel_size {kernel} "
+                         f"(as in PyTorch: a window could otherwise hold only padding)")
+
+
 def _conv_infer(x, w, stride, padding):
+    _check_window("conv2d", stride, padding)
     if len(x.shape) != 4 or len(w.shape) != 4:
         raise ShapeError(f"conv2d: expects input (N, C, H, W) and weight (O, C, kH, kW), got "
                          f"{tuple(x.shape)} and {tuple(w.shape)}")
@@ -249,6 +272,7 @@ def conv2d_grad_weight(x, g, w_shape, stride, padding):
 # --- pooling ----------------------------------------------------------------------------------
 def _pool_infer(name):
     def infer(x, kernel, stride, padding):
+        _check_window(name, stride, padding, kernel)
         if len(x.shape) != 4:
             raise ShapeError(f"{name}: expects (N, C, H, W), got {tuple(x.shape)}")
         if not dtypes.is_float(x.dtype):
@@ -273,7 +297,7 @@ def _argmax_positions(x, kernel, stride, padding):
     """Flat indices (into the padded input plane) of each window's first maximum."""
     win = _pool_windows(x, kernel, stride, padding, -np.inf)
     n, c, oh, ow = win.shape[:4]
-    k = np.argmax(win.reshape(n, c, oh, ow, -1), axis=-1)
+    k = np.argmax(win.reshape(n, c, oh, ow, kernel[0] * kernel[1]), axis=-1)
     ki, kj = np.divmod(k, kernel[1])
     rows = np.arange(oh)[:, None] * stride[0] + ki
     cols = np.arange(ow)[None, :] * stride[1] + kj
@@ -288,9 +312,9 @@ def _maxpool_select_np(u, x, kernel, stride, padding):
     pos = _argmax_positions(x, kernel, stride, padding)
     ph, pw = padding
     up = np.pad(u, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else u
-    flat = up.reshape(up.shape[0], up.shape[1], -1)
-    n, c = pos.shape[:2]
-    return np.take_along_axis(flat, pos.reshape(n, c, -1), axis=2).reshape(pos.shape)
+    n, c, oh, ow = pos.shape  # sizes spelled out: reshape cannot infer -1 for an empty batch
+    flat = up.reshape(n, c, up.shape[2] * up.shape[3])
+    return np.take_along_axis(flat, pos.reshape(n, c, oh * ow), axis=2).reshape(pos.shape)
 
 
 def _maxpool_scatter_np(g, x, kernel, stride, padding):
@@ -300,7 +324,8 @@ def _maxpool_scatter_np(g, x, kernel, stride, padding):
     hp, wp = h + 2 * ph, w + 2 * pw
     out = np.zeros((n * c, hp * wp), g.dtype)
     base = (np.arange(n * c) * hp * wp)[:, None]
-    np.add.at(out.reshape(-1), (base + pos.reshape(n * c, -1)).ravel(), g.reshape(-1))
+    cells = pos.shape[2] * pos.shape[3]
+    np.add.at(out.reshape(-1), (base + pos.reshape(n * c, cells)).ravel(), g.reshape(-1))
     return out.reshape(n, c, hp, wp)[:, :, ph:ph + h, pw:pw + w]
 
 
@@ -360,34 +385,64 @@ AVG_POOL2D_GRAD = _defop(
 
 
 # --- dropout ----------------------------------------------------------------------------------
-def _dropout_np(x, p, seed):
-    keep = np.random.default_rng(seed).random(x.shape) >= p
+# Randomness is an input: ``rng_seed`` (impure: every run draws a fresh seed from the generator
+# that ``manual_seed`` resets) feeds dropout's ``seed`` input, and dropout is a pure function of
+# (x, seed). So a traced or compiled graph draws a new mask per call, and the VJP, which reads
+# the same seed value, reuses the forward mask.
+_rng = np.random.default_rng(0)
+
+
+def _rng_seed_np():
+    return np.asarray(_rng.integers(2**31), dtype=np.int64)
+
+
+RNG_SEED = _defop("rng_seed", _rng_seed_np, lambda: AVal((), dtypes.int64), impure=True)
+
+
+def _dropout_np(x, seed, p):
+    keep = np.random.default_rng(int(seed)).random(x.shape) >= p
     return np.where(keep, x / (1.0 - p), 0).astype(x.dtype)
 
 
-DROPOUT = _defop("dropout", _dropout_np, _float_infer("dropout"),
-                 lambda g, xs, y, n, p, seed: (apply(DROPOUT, g, p=p, seed=seed),),
-                 lambda ts, xs, y, p, seed: None if ts[0] is None
-                 else apply(DROPOUT, ts[0], p=p, seed=seed))
+def _dropout_infer(x, seed, p):
+    if not dtypes.is_float(x.dtype):
+        raise DTypeError(f"dropout: expects a floating tensor, got {x.dtype}")
+    if seed.dtype.kind not in "iu" or tuple(seed.shape) != ():
+        raise DTypeError(f"dropout: seed must be an integer scalar, got "
+                         f"{seed.dtype}{list(seed.shape)}")
+    return AVal(x.shape, x.dtype)
 
-_dropout_rng = np.random.default_rng(0)
+
+DROPOUT = _defop("dropout", _dropout_np, _dropout_infer,
+                 lambda g, xs, y, n, p: (apply(DROPOUT, g, xs[1], p=p), None),
+                 lambda ts, xs, y, p: None if ts[0] is None else apply(DROPOUT, ts[0], xs[1], p=p),
+                 inplace=(0,))
 
 
 def manual_seed(seed):
-    """Seed the generator that picks dropout masks (for reproducible notebooks)."""
-    global _dropout_rng
-    _dropout_rng = np.random.default_rng(seed)
+    """Reset the generator that ``rng_seed`` (and so every dropout mask) draws from: the same
+    sequence of calls then gives the same masks, eagerly, traced or compiled."""
+    global _rng
+    _rng = np.random.default_rng(as_int("manual_seed", "seed", seed))
+
+
+def rng_seed():
+    """A fresh int64 seed from the generator ``manual_seed`` resets.
+
+    The op is impure: in a traced or compiled graph it draws a new seed on every run (passes
+    never fold, merge or drop it)."""
+    return apply(RNG_SEED)
 
 
 # --- public functions -------------------------------------------------------------------------
 def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along ``axis`` (numerically stable)."""
-    return apply(SOFTMAX, x, axis=int(axis))
+    return apply(SOFTMAX, x, axis=as_int("softmax", "axis", axis))
 
 
 def log_softmax(x, axis=-1):
     """log(softmax(x)) computed stably."""
-    return apply(LOG_SOFTMAX, x, axis=int(axis))
+    return apply(LOG_SOFTMAX, x, axis=as_int("log_softmax", "axis", axis))
 
 
 def one_hot(labels, num_classes, dtype="float32"):
@@ -407,39 +462,50 @@ def mse_loss(pred, target):
 
 def conv2d(x, weight, bias=None, stride=1, padding=0):
     """2-D convolution (cross-correlation), NCHW input and OIHW weight, optional bias (O,)."""
-    y = _conv(x, weight, _pair(stride), _pair(padding))
+    y = _conv(x, weight, _pair("conv2d", "stride", stride), _pair("conv2d", "padding", padding))
     if bias is not None:
         y = y + reshape(bias, (1, -1, 1, 1))
     return y
 
 
+def _pool_args(op, kernel_size, stride, padding):
+    k = _pair(op, "kernel_size", kernel_size)
+    s = k if stride is None else _pair(op, "stride", stride)
+    return dict(kernel=k, stride=s, padding=_pair(op, "padding", padding))
+
+
 def max_pool2d(x, kernel_size, stride=None, padding=0):
-    """Max over each ``kernel_size`` window (stride defaults to the window size)."""
-    k = _pair(kernel_size)
-    s = k if stride is None else _pair(stride)
-    return apply(MAX_POOL2D, x, kernel=k, stride=s, padding=_pair(padding))
+    """Max over each ``kernel_size`` window (stride defaults to the window size).
+
+    ``padding`` may be at most half the kernel, as in PyTorch. The gradient goes to the first
+    maximum of each window (PyTorch's choice too), not split among ties as :func:`max` does.
+    """
+    return apply(MAX_POOL2D, x, **_pool_args("max_pool2d", kernel_size, stride, padding))
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0):
-    """Mean over each window (zero padding counts towards the mean)."""
-    k = _pair(kernel_size)
-    s = k if stride is None else _pair(stride)
-    return apply(AVG_POOL2D, x, kernel=k, stride=s, padding=_pair(padding))
+    """Mean over each window (zero padding counts towards the mean, as PyTorch's default
+    ``count_include_pad=True``); ``padding`` may be at most half the kernel."""
+    return apply(AVG_POOL2D, x, **_pool_args("avg_pool2d", kernel_size, stride, padding))
 
 
 def dropout(x, p=0.5, training=True, seed=None):
     """Zero each element with probability ``p`` and scale the rest by 1/(1-p).
 
-    The mask is a function of ``seed`` (drawn from the dropout generator when None), so the
-    backward pass and a traced graph reuse exactly the same mask.
+    The mask is a function of ``seed``, an int or an integer scalar tensor; when None it is a
+    fresh :func:`rng_seed`, so a traced or compiled graph draws a new mask on every call
+    (reproducibly after :func:`manual_seed`). The seed is an input of the op, so the backward
+    pass reuses exactly the forward mask. Masks are not PyTorch's (another generator).
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout: p must be in [0, 1), got {p}")
+    if not isinstance(p, (int, float, np.integer, np.floating)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout: p must be a number in [0, 1), got {p!r}")
     if not training or p == 0.0:
         return x
     if seed is None:
-        seed = int(_dropout_rng.integers(2**31))
-    return apply(DROPOUT, x, p=float(p), seed=int(seed))
+        seed = rng_seed()
+    elif not isinstance(seed, Tensor):
+        seed = Tensor._wrap(np.asarray(as_int("dropout", "seed", seed), dtype=np.int64))
+    return apply(DROPOUT, x, seed, p=float(p))
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5, axis=-1):
@@ -468,5 +534,5 @@ def batch_norm(x, mean_, var, weight=None, bias=None, eps=1e-5):
 
 
 __all__ = ["softmax", "log_softmax", "one_hot", "cross_entropy", "mse_loss", "conv2d",
-           "max_pool2d", "avg_pool2d", "dropout", "layer_norm", "batch_norm", "manual_seed",
-           "cast"]
+           "max_pool2d", "avg_pool2d", "dropout", "rng_seed", "layer_norm", "batch_norm",
+           "manual_seed", "cast"]

@@ -21,16 +21,33 @@ def _lin(f):
     return jvp
 
 
+def as_int(op, name, v):
+    """``v`` as a Python int; a DTypeError naming ``op`` and ``name`` when it is no integer
+    (``axis=1.5`` must not silently become 1)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise DTypeError(f"{op}: {name} must be an integer, got {v!r} ({type(v).__name__})")
+    return int(v)
+
+
+def check_axis(op, axis, ndim):
+    """``axis`` (an int, may be negative) as a non-negative axis of a rank-``ndim`` tensor."""
+    a = as_int(op, "axis", axis)
+    if not -ndim <= a < ndim:
+        raise ShapeError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
+    return a % ndim
+
+
 def norm_axes(op, axis, ndim):
     """Canonical reduction axes: a sorted tuple of non-negative ints (None = all axes)."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = tuple(axis) if isinstance(axis, (tuple, list, np.ndarray)) else (axis,)
     out = []
     for a in axes:
+        a = as_int(op, "axis", a)
         if not -ndim <= a < builtins.max(ndim, 1):
             raise ShapeError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
-        out.append(int(a) % builtins.max(ndim, 1))
+        out.append(a % builtins.max(ndim, 1))
     if len(set(out)) != len(out):
         raise ShapeError(f"{op}: repeated axis in {axis}")
     return tuple(sorted(out))
@@ -48,6 +65,9 @@ IDENTITY = _defop("identity", lambda x: x, lambda x: x, lambda g, xs, y, n: (g,)
 
 
 def _reshape_infer(x, shape):
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"reshape: negative dimension in {tuple(shape)} (only ml.ops.reshape "
+                         f"resolves a single -1)")
     if int(np.prod(x.shape, dtype=np.int64)) != int(np.prod(shape, dtype=np.int64)):
         raise ShapeError(f"reshape: cannot reshape {tuple(x.shape)} "
                          f"({int(np.prod(x.shape))} elements) into {tuple(shape)}")
@@ -72,6 +92,8 @@ TRANSPOSE = _defop("transpose", lambda x, axes: np.transpose(x, axes), _transpos
 
 
 def _bcast_infer(x, shape):
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"broadcast_to: negative dimension in {tuple(shape)}")
     if len(shape) < len(x.shape) or broadcast_shapes("broadcast_to", x.shape, shape) != shape:
         raise ShapeError(f"broadcast_to: cannot broadcast {tuple(x.shape)} to {tuple(shape)}")
     return AVal(tuple(shape), x.dtype)
@@ -90,6 +112,10 @@ def _reduce_infer(name, float_only=False):
         for a in axis:
             if a >= builtins.max(len(x.shape), 1):
                 raise ShapeError(f"{name}: axis {a} out of range for shape {tuple(x.shape)}")
+            if name == "max" and a < len(x.shape) and x.shape[a] == 0:
+                raise ShapeError(f"max: cannot reduce over axis {a} of length 0 (shape "
+                                 f"{tuple(x.shape)}): the maximum of nothing is undefined "
+                                 f"(numpy and PyTorch refuse it too)")
         dt = x.dtype if dtypes.is_float(x.dtype) or name == "max" else dtypes.int64
         return AVal(_reduced_shape(x.shape, axis, keepdims), dt)
     return infer
@@ -112,7 +138,13 @@ def _count(shape, axis):
     return int(np.prod([shape[a] for a in axis], dtype=np.int64))
 
 
-MEAN = _defop("mean", lambda x, axis, keepdims: np.mean(x, axis=axis, keepdims=keepdims),
+def _mean_np(x, axis, keepdims):
+    if _count(x.shape, axis) == 0:  # NaN, as in PyTorch (numpy also warns "Mean of empty slice")
+        return np.full(_reduced_shape(x.shape, axis, keepdims), np.nan, x.dtype)
+    return np.mean(x, axis=axis, keepdims=keepdims)
+
+
+MEAN = _defop("mean", _mean_np,
               _reduce_infer("mean", float_only=True),
               lambda g, xs, y, n, axis, keepdims: (
                   _expand(g, xs[0].shape, axis, keepdims) / float(_count(xs[0].shape, axis)),),
@@ -125,13 +157,8 @@ def _max_mask(x, y, axis, keepdims):
     return hit / sum(hit, axis, True)
 
 
-def _max_compute(x, axis, keepdims):
-    if x.size == 0:
-        raise ShapeError(f"max: cannot reduce an empty tensor of shape {x.shape}")
-    return np.max(x, axis=axis, keepdims=keepdims)
-
-
-MAX = _defop("max", _max_compute, _reduce_infer("max"),
+MAX = _defop("max", lambda x, axis, keepdims: np.max(x, axis=axis, keepdims=keepdims),
+             _reduce_infer("max"),
              lambda g, xs, y, n, axis, keepdims: (
                  _expand(g, xs[0].shape, axis, keepdims) * _max_mask(xs[0], y, axis, keepdims),),
              lambda ts, xs, y, axis, keepdims: sum(ts[0] * _max_mask(xs[0], y, axis, keepdims),
@@ -141,6 +168,9 @@ MAX = _defop("max", _max_compute, _reduce_infer("max"),
 def _argmax_infer(x, axis):
     if axis is not None and not -len(x.shape) <= axis < len(x.shape):
         raise ShapeError(f"argmax: axis {axis} out of range for shape {tuple(x.shape)}")
+    if (x.shape[axis] == 0) if axis is not None else 0 in x.shape:
+        raise ShapeError(f"argmax: cannot search an empty axis (shape {tuple(x.shape)}, axis "
+                         f"{axis})")
     shape = () if axis is None else tuple(d for i, d in enumerate(x.shape)
                                          if i != axis % len(x.shape))
     return AVal(shape, dtypes.int64)
@@ -216,10 +246,67 @@ STACK = _defop("stack", lambda *xs, axis: np.stack(xs, axis=axis), _stack_infer,
 
 
 # --- indexing ---------------------------------------------------------------------------------
+# An index is stored in a canonical form whose parts compare (and print) by value: Python ints,
+# slices of ints, None, Ellipsis, and each index array (list, ndarray, Tensor) as a nested tuple
+# of Python ints or bools. ``_np_index`` turns it back into what numpy indexes with.
+def canonical_index(index):
+    """``index`` (anything numpy's ``x[index]`` takes, minus tracers) in canonical form."""
+    from .tensor import Tensor
+
+    parts = index if isinstance(index, tuple) else (index,)
+    out = []
+    for i in parts:
+        if i is None or i is Ellipsis:
+            out.append(i)
+        elif isinstance(i, (bool, np.bool_)):
+            out.append(bool(i))
+        elif isinstance(i, (int, np.integer)):
+            out.append(int(i))
+        elif isinstance(i, slice):
+            out.append(slice(*(None if v is None else as_int("getitem", "slice bound", v)
+                               for v in (i.start, i.stop, i.step))))
+        else:
+            if isinstance(i, Tensor) and i.is_tracer:
+                raise ShapeError("getitem: cannot index with a traced tensor (its values are "
+                                 "unknown at trace time); use ml.ops.take(x, indices, axis)")
+            a = np.asarray(i)
+            if a.size == 0:
+                a = a.astype(np.intp)
+            if a.dtype.kind not in "biu":
+                raise ShapeError(f"getitem: index arrays must hold integers or bools, got "
+                                 f"{a.dtype} ({_idx_str((i,))})")
+            out.append(_nested_tuple(a.tolist()) if a.ndim else a.item())
+    return tuple(out)
+
+
+def _nested_tuple(v):
+    return tuple(_nested_tuple(e) for e in v) if isinstance(v, list) else v
+
+
+_ARRAYLIKE = (tuple, list, np.ndarray)
+
+
+def _is_advanced(index):
+    return any(isinstance(i, _ARRAYLIKE) for i in index)
+
+
+def _np_index(index):
+    """A canonical index as numpy indexes with (its tuples back to arrays; lists and arrays,
+    from a caller of ``apply`` that skipped :func:`canonical_index`, are taken as they are)."""
+    if not _is_advanced(index):
+        return index
+    return tuple(_as_index_array(i) if isinstance(i, _ARRAYLIKE) else i for i in index)
+
+
+def _as_index_array(t):
+    a = np.asarray(t)
+    return a if a.dtype.kind in "biu" else a.astype(np.intp)  # () and ((), ()) come back float
+
+
 def _index_shape(op, shape, index):
     probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape, (0,) * len(shape))
     try:
-        return probe[index].shape
+        return probe[_np_index(index)].shape
     except (IndexError, TypeError, ValueError) as e:
         raise ShapeError(f"{op}: index {_idx_str(index)} is invalid for shape {tuple(shape)}: "
                          f"{e}") from None
@@ -230,11 +317,16 @@ def _idx_str(index):
         if isinstance(i, slice):
             s = f"{'' if i.start is None else i.start}:{'' if i.stop is None else i.stop}"
             return s + (f":{i.step}" if i.step is not None else "")
-        return "..." if i is Ellipsis else repr(i)
+        if i is Ellipsis:
+            return "..."
+        a = np.asarray(i) if isinstance(i, (tuple, list, np.ndarray)) else None
+        if a is not None and a.size > 8:
+            return f"<{a.dtype.name} index array of shape {a.shape}>"
+        return repr(i)
     return "[" + ", ".join(one(i) for i in index) + "]"
 
 
-GETITEM = _defop("getitem", lambda x, index: x[index],
+GETITEM = _defop("getitem", lambda x, index: x[_np_index(index)],
                  lambda x, index: AVal(_index_shape("getitem", x.shape, index), x.dtype),
                  lambda g, xs, y, n, index: (getitem_grad(g, xs[0].shape, index),),
                  _lin(lambda t, index: getitem(t, index)))
@@ -242,7 +334,10 @@ GETITEM = _defop("getitem", lambda x, index: x[index],
 
 def _getitem_grad_compute(g, shape, index):
     z = np.zeros(shape, g.dtype)
-    z[index] = g
+    if _is_advanced(index):  # an index array may repeat a position: add, don't assign
+        np.add.at(z, _np_index(index), g)
+    else:
+        z[_np_index(index)] = g
     return z
 
 
@@ -342,15 +437,24 @@ def _rank(x):
     return len(x.shape) if hasattr(x, "shape") else np.ndim(x)
 
 
+def _dims(op, shape):
+    """A shape argument (an int or a sequence of ints) as a tuple of Python ints."""
+    shape = tuple(shape) if hasattr(shape, "__iter__") else (shape,)
+    return tuple(as_int(op, "shape", d) for d in shape)
+
+
 def identity(x):
     """``x`` itself, as a node of its own."""
     return apply(IDENTITY, x)
 
 
 def reshape(x, shape):
-    """Reshape (one dimension may be -1)."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    """Reshape; one dimension may be -1 (inferred from the others), no other may be negative."""
+    shape = _dims("reshape", shape)
     xs = x.shape if hasattr(x, "shape") else np.shape(x)
+    if any(s < -1 for s in shape) or shape.count(-1) > 1:
+        raise ShapeError(f"reshape: cannot reshape {tuple(xs)} into {shape}: dimensions must be "
+                         f">= 0, except a single -1")
     if shape.count(-1) == 1:
         known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
         total = int(np.prod(xs, dtype=np.int64))
@@ -363,14 +467,14 @@ def reshape(x, shape):
 def transpose(x, axes=None):
     """Permute axes (default: reverse them)."""
     r = _rank(x)
-    axes = tuple(reversed(range(r))) if axes is None else tuple(int(a) % builtins.max(r, 1)
-                                                                for a in axes)
+    axes = tuple(reversed(range(r))) if axes is None else tuple(
+        as_int("transpose", "axes", a) % builtins.max(r, 1) for a in axes)
     return apply(TRANSPOSE, x, axes=axes)
 
 
 def broadcast_to(x, shape):
     """Broadcast ``x`` to ``shape`` (numpy's rule); the gradient sums back to ``x``'s shape."""
-    return apply(BROADCAST_TO, x, shape=tuple(int(s) for s in shape))
+    return apply(BROADCAST_TO, x, shape=_dims("broadcast_to", shape))
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001
@@ -379,44 +483,48 @@ def sum(x, axis=None, keepdims=False):  # noqa: A001
 
 
 def mean(x, axis=None, keepdims=False):
-    """Mean over ``axis`` (None = all)."""
+    """Mean over ``axis`` (None = all); NaN over an axis of length 0, as in PyTorch."""
     return apply(MEAN, x, axis=norm_axes("mean", axis, _rank(x)), keepdims=bool(keepdims))
 
 
 def max(x, axis=None, keepdims=False):  # noqa: A001
-    """Maximum over ``axis``; the gradient is split evenly among tied maxima."""
+    """Maximum over ``axis`` (like ``torch.amax``; an axis of length 0 is refused).
+
+    The gradient is split evenly among tied maxima, as ``torch.amax`` and ``torch.max()``
+    (no dim) do; ``torch.max(x, dim)`` instead sends it all to the one index it returns.
+    """
     return apply(MAX, x, axis=norm_axes("max", axis, _rank(x)), keepdims=bool(keepdims))
 
 
 def argmax(x, axis=None):
     """Index of the maximum along ``axis`` (None: into the flattened tensor); int64."""
-    return apply(ARGMAX, x, axis=axis)
+    return apply(ARGMAX, x, axis=None if axis is None else check_axis("argmax", axis, _rank(x)))
 
 
 def concatenate(tensors, axis=0):
     """Join tensors along an existing axis."""
-    return apply(CONCATENATE, *tensors, axis=int(axis))
+    return apply(CONCATENATE, *tensors, axis=as_int("concatenate", "axis", axis))
 
 
 def stack(tensors, axis=0):
     """Join tensors along a new axis."""
-    return apply(STACK, *tensors, axis=int(axis))
+    return apply(STACK, *tensors, axis=as_int("stack", "axis", axis))
 
 
 def getitem(x, index):
-    """Basic indexing ``x[index]`` (ints, slices, None, Ellipsis)."""
-    if not isinstance(index, tuple):
-        index = (index,)
-    return apply(GETITEM, x, index=index)
+    """numpy indexing ``x[index]``: ints, slices, None, Ellipsis, and integer or bool index
+    arrays (lists, arrays or concrete Tensors); repeated indices accumulate in the gradient."""
+    return apply(GETITEM, x, index=canonical_index(index))
 
 
 def getitem_grad(g, shape, index):
-    return apply(GETITEM_GRAD, g, shape=tuple(shape), index=index)
+    """The gradient of ``getitem``: ``g`` added into zeros of ``shape`` at ``index``."""
+    return apply(GETITEM_GRAD, g, shape=tuple(shape), index=canonical_index(index))
 
 
 def take(x, indices, axis=0):
     """Gather entries of ``x`` along ``axis`` at integer ``indices`` (duplicates allowed)."""
-    return apply(TAKE, x, indices, axis=int(axis))
+    return apply(TAKE, x, indices, axis=as_int("take", "axis", axis))
 
 
 def take_grad(g, indices, shape, axis):
