@@ -7,12 +7,16 @@
 
 __version__ = "0.1.0"
 
+import math as _math  # noqa: E402
+import os as _os  # noqa: E402
+
 import numpy as _np  # noqa: E402
 
 from . import ops  # noqa: E402
 from .engine import tensor_methods as _tensor_methods  # noqa: E402,F401
 from .engine.autodiff import grad, gradients, hvp, jvp, tape_to_graph, value_and_grad, vjp  # noqa: E402
 from .engine.compiler import compile, compile_train_step  # noqa: E402,A004
+from .engine.dtypes import as_dtype as _as_dtype  # noqa: E402
 from .engine.dtypes import bool_, float16, float32, float64, int32, int64, uint8  # noqa: E402
 from .engine.graph import Graph  # noqa: E402
 from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402
@@ -22,16 +26,21 @@ from .errors import (  # noqa: E402
     CheckpointError,
     CycleError,
     DTypeError,
+    DTypeOverflowError,
     GraphError,
     MLSysError,
     OpError,
+    OutOfMemoryError,
+    PlanError,
     ShapeError,
+    TapeError,
     TraceError,
 )
 
 __all__ = [
-    "CheckpointError", "CycleError", "DTypeError", "Graph", "GraphError", "MLSysError", "OpError",
-    "ShapeError", "Tensor", "TraceError", "bool_", "compile", "compile_train_step",
+    "CheckpointError", "CycleError", "DTypeError", "DTypeOverflowError", "Graph", "GraphError",
+    "MLSysError", "OpError", "OutOfMemoryError", "PlanError", "ShapeError", "TapeError", "Tensor",
+    "TraceError", "bool_", "compile", "compile_train_step",
     "enable_grad", "float16", "float32", "float64", "grad", "grad_graph", "gradients", "hvp",
     "int32", "int64", "is_grad_enabled", "jvp", "no_grad", "ones", "ops", "randn",
     "tape_to_graph", "tensor", "trace", "uint8", "value_and_grad", "vjp", "zeros",
@@ -39,19 +48,63 @@ __all__ = [
 
 
 def zeros(shape, dtype="float32", requires_grad=False):
-    """A tensor of zeros."""
-    return Tensor(_np.zeros(shape, dtype), requires_grad=requires_grad)
+    """A tensor of zeros of ``shape`` (an int or a tuple of ints)."""
+    return Tensor(_allocate("zeros", shape, dtype, _np.zeros), requires_grad=requires_grad)
 
 
 def ones(shape, dtype="float32", requires_grad=False):
-    """A tensor of ones."""
-    return Tensor(_np.ones(shape, dtype), requires_grad=requires_grad)
+    """A tensor of ones of ``shape`` (an int or a tuple of ints)."""
+    return Tensor(_allocate("ones", shape, dtype, _np.ones), requires_grad=requires_grad)
 
 
 def randn(*shape, dtype="float32", requires_grad=False, seed=None):
-    """Standard-normal samples (seeded by ``seed`` for reproducibility)."""
+    """Standard-normal samples, ``randn(2, 3)`` or ``randn((2, 3))`` (seeded by ``seed``)."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
     rng = _np.random.default_rng(seed)
-    return Tensor(rng.standard_normal(shape).astype(dtype), requires_grad=requires_grad)
+    data = _allocate("randn", shape, dtype,
+                     lambda dims, dt: rng.standard_normal(dims).astype(dt, copy=False))
+    return Tensor(data, requires_grad=requires_grad)
+
+
+def _allocate(fn, shape, dtype, make):
+    """``make(dims, dtype)`` after checking the shape, with allocation failures named.
+
+    Raises:
+        ShapeError: a dimension is negative or not an integer.
+        OutOfMemoryError: the array does not fit in memory (names the shape and bytes).
+    """
+    dims = (shape,) if isinstance(shape, (int, _np.integer)) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        raise ShapeError(f"{fn}: shape must be an int or a tuple of ints, got {shape!r}") from None
+    for d in dims:
+        if isinstance(d, (bool, _np.bool_)) or not isinstance(d, (int, _np.integer)):
+            raise ShapeError(f"{fn}: shape {dims} has a non-integer dimension {d!r}")
+        if d < 0:
+            raise ShapeError(f"{fn}: shape {dims} has a negative dimension {d}")
+    dims, dt = tuple(int(d) for d in dims), _as_dtype(dtype, fn)
+    nbytes = _math.prod(dims) * dt.itemsize
+    message = (f"{fn}: cannot allocate shape {dims} of {dt}: {nbytes:,} bytes "
+               f"({nbytes / 2**30:,.1f} GiB)")
+    if _PHYSICAL_MEMORY and nbytes > _PHYSICAL_MEMORY:  # would only succeed lazily, then crash
+        raise OutOfMemoryError(f"{message}, more than this machine's "
+                               f"{_PHYSICAL_MEMORY / 2**30:,.1f} GiB of memory")
+    try:
+        return make(dims, dt)
+    except (MemoryError, ValueError):  # ValueError: numpy's "array is too big"
+        raise OutOfMemoryError(message) from None
+
+
+def _physical_memory():
+    try:
+        return _os.sysconf("SC_PAGE_SIZE") * _os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return None
+
+
+_PHYSICAL_MEMORY = _physical_memory()
 
 
 def __getattr__(name):  # lazy subpackages: ml.nn, ml.optim, ml.viz, ml.compile, ...

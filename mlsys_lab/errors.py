@@ -39,3 +39,23 @@ class CheckpointError(MLSysError, ValueError):
 
 class OpError(MLSysError, RuntimeError):
     """An op's kernel failed on inputs its shape/dtype rule accepted."""
+
+
+class TapeError(MLSysError, TypeError):
+    """A numpy function met a Tensor that is being differentiated: its result would silently
+    drop off the autodiff tape (use the ``ml.ops`` function, or ``np.asarray(t)`` to leave the
+    tape on purpose)."""
+
+
+class DTypeOverflowError(DTypeError, OverflowError):
+    """A value does not fit in the dtype it must take (``2**63`` as int64, ``300`` next to a
+    uint8 tensor). numpy 2 refuses these too; PyTorch wraps them silently."""
+
+
+class OutOfMemoryError(MLSysError, MemoryError):
+    """An allocation is larger than the machine can provide (names the shape and bytes)."""
+
+
+class PlanError(MLSysError, ValueError):
+    """A memory-planning request is invalid: a lifetime with a negative or too large size, an
+    end before its start, or a non-integer field."""

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..errors import DTypeError
+from ..errors import DTypeError, DTypeOverflowError
 
 SHORT = {"bool": "bool", "uint8": "u8", "int32": "i32", "int64": "i64",
          "float16": "f16", "float32": "f32", "float64": "f64"}
@@ -67,3 +67,32 @@ def weak_dtype(scalar, other):
     if isinstance(scalar, (int, np.integer)):
         return other if other != bool_ else int64
     return other if is_float(other) else float32
+
+
+def scalar_array(value, dt, op="tensor"):
+    """A 0-d array of dtype ``dt`` holding the Python scalar ``value``, refusing values that do
+    not fit (an integer outside the dtype's range, an int too large for a float) instead of
+    wrapping them as a cast would.
+
+    Raises:
+        DTypeOverflowError: naming the op, the value and the dtype.
+    """
+    dt = np.dtype(dt)
+    if dt.kind in "iu" and isinstance(value, (int, np.integer)) and not isinstance(
+            value, (bool, np.bool_)):
+        info = np.iinfo(dt)
+        if not info.min <= int(value) <= info.max:
+            raise DTypeOverflowError(f"{op}: the value {show_int(value)} does not fit in {dt} "
+                                     f"(range {info.min}..{info.max}); cast the tensor "
+                                     f"first, e.g. ml.ops.cast(t, 'float64')")
+    try:
+        return np.asarray(value, dtype=dt)
+    except OverflowError as e:
+        raise DTypeOverflowError(f"{op}: the value {show_int(value)} does not fit in {dt} "
+                                 f"({e})") from None
+
+
+def show_int(value):
+    """A number for an error message, with huge integers shortened to their leading digits."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:8]}...({len(text.lstrip('-'))} digits)"

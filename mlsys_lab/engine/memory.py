@@ -15,7 +15,7 @@ from typing import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from mlsys_lab.errors import GraphError
+from mlsys_lab.errors import GraphError, PlanError
 
 __all__ = [
     "Lifetime",
@@ -45,10 +45,14 @@ class Lifetime:
 
     Attributes:
         id: Any hashable name for the tensor (a string, an int, a graph ``Value``).
-        size: Bytes needed, an int >= 0.
+        size: Bytes needed, an int >= 0 that fits in int64.
         start: First step at which the tensor is live.
         end: Last step at which it is live (inclusive: live at steps ``start..end``).
         long_lived: A hint for the ``two_cursor`` strategy (weights, graph inputs).
+
+    Raises:
+        PlanError: a field is not an int or does not fit in int64, the size is negative, or
+            ``end`` is before ``start``.
     """
 
     id: Hashable
@@ -58,13 +62,7 @@ class Lifetime:
     long_lived: bool = False
 
     def __post_init__(self):
-        for name in ("size", "start", "end"):
-            if not isinstance(getattr(self, name), (int, np.integer)):
-                raise TypeError(f"Lifetime {self.id!r}: {name} must be an int")
-        if self.size < 0:
-            raise ValueError(f"Lifetime {self.id!r}: size {self.size} is negative")
-        if self.start > self.end:
-            raise ValueError(f"Lifetime {self.id!r}: start {self.start} is after end {self.end}")
+        _check_record(self)
 
     def overlaps(self, other: Lifetime) -> bool:
         """Whether the two tensors are live at a common step."""
@@ -96,14 +94,46 @@ class MemoryPlan:
         )
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _check_record(r) -> None:
+    """Raise PlanError unless ``r`` is a Lifetime the planner's int64 arithmetic can hold."""
+    if not isinstance(r, Lifetime):
+        raise PlanError(f"memory planner: expected Lifetime records, got {type(r).__name__} {r!r}")
+    for name in ("size", "start", "end"):
+        value = getattr(r, name)
+        if not isinstance(value, (int, np.integer)):
+            raise PlanError(f"Lifetime {r.id!r}: {name} must be an int, got {value!r}")
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise PlanError(f"Lifetime {r.id!r}: {name} {value} does not fit in int64")
+    if r.size < 0:
+        raise PlanError(f"Lifetime {r.id!r}: size {r.size} is negative")
+    if r.start > r.end:
+        raise PlanError(f"Lifetime {r.id!r}: start {r.start} is after end {r.end}")
+
+
+def _aligned(records: Iterable[Lifetime], alignment: int = 1) -> list[Lifetime]:
+    """The records, each checked, with the sizes rounded up to ``alignment``.
+
+    Raises:
+        PlanError: a bad record or alignment, or sizes that sum past int64 (offsets and live
+            totals are computed in int64, so they could not be represented).
+    """
+    records = list(records)
+    if not isinstance(alignment, (int, np.integer)) or alignment < 1:
+        raise PlanError(f"alignment must be an int >= 1, got {alignment!r}")
+    for r in records:
+        _check_record(r)
+    sizes = [_align(int(r.size), int(alignment)) for r in records]
+    if sum(sizes) > _INT64[1]:
+        raise PlanError(f"memory planner: the {len(records)} tensors need {sum(sizes)} bytes in "
+                        f"all, more than int64 can count (sizes must sum below 2**63)")
+    return [r if r.size == n else replace(r, size=n) for r, n in zip(records, sizes, strict=True)]
+
+
 def _align(size: int, alignment: int) -> int:
     return -(-size // alignment) * alignment
-
-
-def _aligned(records: Iterable[Lifetime], alignment: int) -> list[Lifetime]:
-    if alignment < 1:
-        raise ValueError(f"alignment must be >= 1, got {alignment}")
-    return [replace(r, size=_align(r.size, alignment)) for r in records]
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,13 +159,33 @@ def _live_bytes_at_starts(records: Sequence[Lifetime]) -> tuple[np.ndarray, np.n
     return steps, born_by - dead_before
 
 
-def lower_bound(lifetimes: Iterable[Lifetime], alignment: int = 1) -> int:
-    """The largest number of (aligned) bytes live at any one step.
+def lower_bound(
+    lifetimes: Iterable[Lifetime],
+    alignment: int = 1,
+    inplace: Iterable[tuple[Hashable, Hashable]] = (),
+) -> int:
+    """The largest number of (aligned) bytes live at any one step: no plan is smaller.
 
-    No plan without in-place sharing can use a smaller arena. (In-place pairs share bytes at
-    the step where one dies and the other is born, so a plan that uses them can go below.)
+    An in-place pair's output overwrites its input at the step where the input dies and the
+    output is born, so the two hold only one buffer there. Pass the ``inplace`` pairs given to
+    :func:`plan` (``plan.inplace``) and each pair counts once: the bound then holds for plans
+    that use those pairs as well as for plans that do not. Without pairs it counts every
+    tensor, and a plan that uses pairs can go below it.
+
+    Args:
+        lifetimes: The tensors.
+        alignment: Sizes are rounded up to this many bytes first, as :func:`plan` does.
+        inplace: ``(out_id, in_id)`` pairs, checked as :func:`plan` checks them.
+
+    Raises:
+        PlanError: a bad record, or sizes that sum past int64.
+        GraphError: an in-place pair that :func:`plan` would refuse.
     """
     records = _aligned(lifetimes, alignment)
+    pairs = tuple(inplace)
+    if pairs:
+        _check_unique(records)
+        records, _ = _merge_inplace(records, pairs)
     if not records:
         return 0
     return int(_live_bytes_at_starts(records)[1].max())
@@ -388,7 +438,7 @@ def plan(
 
     Raises:
         KeyError: unknown strategy.
-        ValueError: duplicate ids.
+        PlanError: duplicate ids, a bad record, or sizes that sum past int64.
         GraphError: an in-place pair that is not allowed.
     """
     records = _aligned(lifetimes, alignment)
@@ -412,7 +462,7 @@ def _check_unique(records: Sequence[Lifetime]) -> None:
     seen = set()
     for r in records:
         if r.id in seen:
-            raise ValueError(f"two lifetimes share the id {r.id!r}")
+            raise PlanError(f"two lifetimes share the id {r.id!r}")
         seen.add(r.id)
 
 
@@ -482,9 +532,10 @@ def verify(plan: MemoryPlan, lifetimes: Iterable[Lifetime]) -> bool:
         True.
 
     Raises:
+        PlanError: a bad record, or sizes that sum past int64.
         GraphError: naming the offending tensor(s), their lifetimes and byte ranges.
     """
-    records = list(lifetimes)
+    records = _aligned(lifetimes)
     for r in records:
         _check_placement(plan, r)
     records = [r for r in records if r.size > 0]

@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import DTypeError, MLSysError, OpError, TraceError
+from ..errors import DTypeError, DTypeOverflowError, MLSysError, OpError, ShapeError, TraceError
 from . import dtypes
 from .registry import AVal
 
@@ -62,6 +62,10 @@ class Tensor:
         requires_grad: whether gradients flow to this tensor.
         grad: the accumulated gradient after ``backward()`` (a Tensor), or None.
         name: optional name, used when printing graphs.
+
+    numpy functions called on a Tensor run the matching ``ml.ops`` op, or refuse where they
+    would silently drop gradients; ``np.asarray(t)`` leaves the tape explicitly (see
+    ``mlsys_lab.engine.tensor_methods``).
     """
 
     __slots__ = ("data", "requires_grad", "grad", "name", "_ctx", "_tangent", "_value",
@@ -135,6 +139,14 @@ class Tensor:
         return self.numpy().item()
 
     def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)`` / ``np.array(t)``: the values as a plain numpy array.
+
+        This is the explicit exit from the tape: the array has no history, so whatever numpy
+        computes from it is a constant to autodiff (like ``t.detach().numpy()`` in PyTorch).
+        Calling a numpy function on the Tensor itself instead dispatches to the matching
+        ``ml.ops`` op, or refuses if that would silently drop gradients (see
+        ``mlsys_lab.engine.tensor_methods``).
+        """
         a = self.numpy()
         if dtype is not None:
             return a.astype(dtype, copy=bool(copy))
@@ -182,6 +194,9 @@ class Tensor:
                 f"{self._value.name} {self.shape}, which tracing does not have; use "
                 f"ml.ops.cond(pred, true_fn, false_fn, *operands) for data-dependent branches"
                 f"{_where(self)}")
+        if self.data.size != 1:
+            raise ShapeError(f"bool(): the truth value of a tensor with {self.data.size} elements "
+                             f"(shape {self.shape}) is ambiguous; use t.any() or t.all()")
         return bool(self.data)
 
     def __float__(self):
@@ -192,6 +207,12 @@ class Tensor:
 
     def __index__(self):
         return int(self.numpy())
+
+    def __format__(self, spec):
+        """``f"{t:.3f}"`` formats a 0-d tensor's value, as numpy does for 0-d arrays."""
+        if spec and self.data is not None and self.data.ndim == 0:
+            return format(self.data.item(), spec)
+        return super().__format__(spec)
 
     __hash__ = object.__hash__
 
@@ -218,15 +239,22 @@ def _where(t):
 def _to_array(data, dtype=None):
     if isinstance(data, Tensor):
         data = data.numpy()
-    if dtype is not None:
-        dt = dtypes.as_dtype(dtype)
-        return np.array(data, dtype=dt)
-    if isinstance(data, np.ndarray):
-        dtypes.as_dtype(data.dtype)
-        return data
-    if isinstance(data, np.generic):
+    if isinstance(data, (np.ndarray, np.generic)):
+        if dtype is not None:
+            return np.array(data, dtype=dtypes.as_dtype(dtype))
+        if isinstance(data, np.ndarray):
+            dtypes.as_dtype(data.dtype)
         return np.asarray(data)
-    arr = np.asarray(data)
+    arr = _from_python(data, None if dtype is None else dtypes.as_dtype(dtype))
+    if dtype is not None:
+        return arr
+    if arr.dtype.kind in "uOf":
+        big = _int_outside_int64(data)
+        if big is not None:
+            raise DTypeOverflowError(
+                f"tensor: the integer {dtypes.show_int(big)} does not fit in int64, the dtype "
+                f"Python ints take (range {-2**63}..{2**63 - 1}); pass dtype='float64' to store "
+                f"it as a float")
     if arr.dtype.kind == "f":
         arr = arr.astype(np.float32)
     elif arr.dtype.kind in "iu" and arr.dtype != np.uint8:
@@ -235,22 +263,57 @@ def _to_array(data, dtype=None):
     return arr
 
 
+def _from_python(data, dt):
+    """``np.array(data, dt)`` with numpy's conversion errors turned into the library's."""
+    try:
+        return np.array(data, dtype=dt) if dt is not None else np.asarray(data)
+    except OverflowError as e:
+        raise DTypeOverflowError(f"tensor: a value does not fit in {dt} ({e})") from None
+    except (ValueError, TypeError) as e:
+        if "inhomogeneous" in str(e):
+            raise ShapeError(f"tensor: the nested sequence is ragged (rows of different "
+                             f"lengths), so it is not a rectangular array ({e})") from None
+        raise DTypeError(f"tensor: cannot convert {type(data).__name__} data to "
+                         f"{dt if dt is not None else 'an array'} ({e})") from None
+
+
+def _int_outside_int64(data):
+    """The first integer in nested lists/tuples outside int64's range, unless a float is also
+    present (then a float result is what the data asks for); else None."""
+    big, todo = None, [data]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, (list, tuple)):
+            todo.extend(x)
+        elif isinstance(x, (float, np.floating)):
+            return None
+        elif (big is None and isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+              and not -2**63 <= int(x) < 2**63):
+            big = x
+    return big
+
+
 def tensor(data, dtype=None, requires_grad=False, name=None):
     """Create a Tensor. Python floats become float32; float64 numpy arrays stay float64."""
     return Tensor(data, dtype=dtype, requires_grad=requires_grad, name=name)
 
 
-def as_tensor(x, like_dtype=None):
-    """``x`` as a Tensor; Python scalars take a dtype next to ``like_dtype`` (weak typing)."""
+def as_tensor(x, like_dtype=None, op="tensor"):
+    """``x`` as a Tensor; Python scalars take a dtype next to ``like_dtype`` (weak typing).
+
+    Raises:
+        DTypeOverflowError: the scalar does not fit in that dtype (``300`` next to uint8,
+            ``2**63`` next to int64). numpy 2 refuses these as well; PyTorch wraps silently.
+    """
     if isinstance(x, Tensor):
         return x
     scalar = (bool, int, float, np.bool_, np.integer, np.floating)
     if isinstance(x, scalar) and like_dtype is not None:
-        return Tensor._wrap(np.asarray(x, dtype=dtypes.weak_dtype(x, like_dtype)))
+        return Tensor._wrap(dtypes.scalar_array(x, dtypes.weak_dtype(x, like_dtype), op))
     return Tensor(x)
 
 
-def lift(args):
+def lift(args, op="tensor"):
     """Turn op arguments into Tensors, giving Python scalars the dtype of their tensor peers."""
     if all(isinstance(a, Tensor) for a in args):  # the common case, kept fast
         return args
@@ -260,13 +323,13 @@ def lift(args):
             ref = a.dtype if ref is None else dtypes.promote(ref, np.dtype(a.dtype))
     if ref is None:
         ref = dtypes.float32 if any(isinstance(a, float) for a in args) else None
-    return tuple(as_tensor(a, ref if ref is not None else dtypes.default_dtype_for(a))
+    return tuple(as_tensor(a, ref if ref is not None else dtypes.default_dtype_for(a), op)
                  for a in args)
 
 
 def apply(op, *args, **attrs):
     """Run ``op`` on ``args`` eagerly, or emit it into the active trace; tape and JVP as needed."""
-    ts = lift(args)
+    ts = lift(args, op.name)
     builder = None
     for t in ts:
         if t.data is None:

@@ -22,8 +22,8 @@ _HEADER = "__mlsys_lab__"
 def _flatten(obj, prefix, arrays, kinds):
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if not isinstance(k, str) or "/" in k or k == _HEADER:
-                raise CheckpointError(f"save: key {k!r} must be a string without '/'")
+            if not isinstance(k, str) or "/" in k or k in ("", _HEADER):
+                raise CheckpointError(f"save: key {k!r} must be a non-empty string without '/'")
             _flatten(v, f"{prefix}/{k}" if prefix else k, arrays, kinds)
         if not obj:
             kinds[prefix] = "emptydict"
@@ -71,8 +71,13 @@ def save(obj, path):
 
 
 def load(path):
-    """Load a checkpoint written by :func:`save`; raises CheckpointError if the file is
-    missing, truncated, corrupted or not an mlsys_lab checkpoint."""
+    """Load a checkpoint written by :func:`save`.
+
+    Raises:
+        CheckpointError: naming the file and the problem, if it is missing, truncated,
+            corrupted, not an mlsys_lab checkpoint, or its header does not describe its
+            contents (bad JSON, unknown kinds, keys that clash, a scalar kind on an array).
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise CheckpointError(f"load: no checkpoint at {path}")
@@ -80,29 +85,79 @@ def load(path):
         with np.load(path, allow_pickle=False) as z:
             if _HEADER not in z.files:
                 raise CheckpointError(f"load: {path} is not an mlsys_lab checkpoint (no header)")
-            header = json.loads(str(z[_HEADER]))
-            if header.get("format") != FORMAT:
-                raise CheckpointError(f"load: {path} has format {header.get('format')!r}, "
-                                      f"expected {FORMAT!r}")
+            kinds = _read_header(path, z[_HEADER])
             flat = {k: z[k] for k in z.files if k != _HEADER}
     except CheckpointError:
         raise
     except Exception as e:  # BadZipFile, OSError, zlib.error, ... from a damaged archive
         raise CheckpointError(f"load: {path} is truncated or corrupted ({type(e).__name__}: "
                               f"{e})") from None
-    kinds = header["kinds"]
-    if set(k for k, v in kinds.items() if v not in ("none", "emptydict")) != set(flat):
-        raise CheckpointError(f"load: {path} is incomplete: header and contents disagree")
+    _check_keys(path, kinds, flat)
     out = {}
     for key, kind in kinds.items():
-        value = {"none": None, "emptydict": {}}.get(kind)
-        if key in flat:
-            value = _CONVERT[kind](flat[key])
+        value = _convert(path, key, kind, flat[key]) if key in flat else _EMPTY[kind]()
         _insert(out, key.split("/") if key else [], value)
     return out
 
 
-_CONVERT = {"array": lambda a: a, "int": int, "float": float, "bool": bool, "str": str}
+_SCALARS = {"int": ("iu", int), "float": ("fiu", float), "bool": ("b", bool), "str": ("U", str)}
+_EMPTY = {"none": lambda: None, "emptydict": dict}
+KINDS = ("array", *_SCALARS, *_EMPTY)
+
+
+def _read_header(path, stored):
+    """The ``kinds`` table of the header, checked: {key: one of KINDS}."""
+    bad = f"load: {path} has a malformed header"
+    if stored.shape != () or stored.dtype.kind != "U":
+        raise CheckpointError(f"{bad}: expected a JSON string, got a {stored.dtype} array of "
+                              f"shape {stored.shape}")
+    try:
+        header = json.loads(str(stored))
+    except ValueError as e:
+        raise CheckpointError(f"{bad}: not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{bad}: expected a JSON object, got {type(header).__name__}")
+    if header.get("format") != FORMAT:
+        raise CheckpointError(f"load: {path} has format {header.get('format')!r}, expected "
+                              f"{FORMAT!r}")
+    kinds = header.get("kinds")
+    if not isinstance(kinds, dict):
+        raise CheckpointError(f"{bad}: 'kinds' must be an object mapping each key to its kind, "
+                              f"got {type(kinds).__name__}")
+    for key, kind in kinds.items():
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise CheckpointError(f"{bad}: key {key!r} has unknown kind {kind!r} (known: "
+                                  f"{', '.join(KINDS)})")
+    return kinds
+
+
+def _check_keys(path, kinds, flat):
+    """The header's keys match the stored arrays and nest without clashes."""
+    stored = {k for k, kind in kinds.items() if kind not in _EMPTY}
+    missing, extra = sorted(stored - set(flat)), sorted(set(flat) - stored)
+    if missing or extra:
+        raise CheckpointError(f"load: {path} is incomplete: header and contents disagree "
+                              f"(listed but not stored: {missing}; stored but not listed as "
+                              f"arrays or values: {extra})")
+    for key in kinds:
+        parts = key.split("/")
+        if "" in parts and not (key == "" and len(kinds) == 1 and kinds[key] == "emptydict"):
+            raise CheckpointError(f"load: {path} has a key with an empty part: {key!r}")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if prefix in kinds:
+                raise CheckpointError(f"load: {path} has clashing keys {prefix!r} and {key!r}: "
+                                      f"{prefix!r} cannot be both a value and a dict")
+
+
+def _convert(path, key, kind, array):
+    if kind == "array":
+        return array
+    dtype_kinds, make = _SCALARS[kind]
+    if array.shape != () or array.dtype.kind not in dtype_kinds:
+        raise CheckpointError(f"load: {path}: {key!r} has kind {kind!r} but holds a "
+                              f"{array.dtype} array of shape {array.shape}")
+    return make(array.item())
 
 
 def _insert(d, parts, value):

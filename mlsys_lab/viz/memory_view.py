@@ -66,7 +66,7 @@ def plot_lifetimes(
                 va="center",
                 fontsize=8,
             )
-    bound = memory.lower_bound(lifetimes, plan.alignment)
+    bound = memory.lower_bound(lifetimes, plan.alignment, inplace=plan.inplace)
     naive = memory.naive_size(lifetimes, plan.alignment)
     ax.axhline(plan.arena_size, color="tab:red", label=f"arena {plan.arena_size:,} B")
     ax.axhline(bound, color="tab:green", linestyle="--", label=f"lower bound {bound:,} B")
