@@ -17,11 +17,12 @@ import numpy as np
 
 from mlsys_lab.errors import GraphError, PlanError
 
+from .registry import REGISTRY
+
 __all__ = [
     "Lifetime",
     "MemoryPlan",
     "STRATEGIES",
-    "ELEMENTWISE_OPS",
     "plan",
     "lower_bound",
     "naive_size",
@@ -599,10 +600,6 @@ def _overlap_message(plan: MemoryPlan, a: Lifetime, b: Lifetime) -> str:
 # From a scheduled graph
 # --------------------------------------------------------------------------------------------
 
-ELEMENTWISE_OPS = frozenset(
-    "add sub mul div neg pow exp log sqrt tanh sigmoid relu abs maximum minimum where "
-    "dropout cast".split()
-)
 
 
 def _nbytes(value) -> int:
@@ -657,7 +654,7 @@ def _op_name(node) -> str:
     return getattr(op, "name", op)
 
 
-def inplace_pairs(graph, order=None, elementwise: Iterable[str] = ELEMENTWISE_OPS,
+def inplace_pairs(graph, order=None, elementwise: Iterable[str] | None = None,
                   overwrites: dict | None = None) -> list:
     """``(out, in)`` pairs where a node may write its output over an input.
 
@@ -666,12 +663,14 @@ def inplace_pairs(graph, order=None, elementwise: Iterable[str] = ELEMENTWISE_OP
     overwrite, e.g. ``{"gemm": (0,)}``), the node has one output, and the input is an
     intermediate (not a graph input, constant or output) of the same byte size whose last use
     is this node. At most one input per node is chosen. Pass the result to
-    ``plan(..., inplace=...)``.
+    ``plan(..., inplace=...)``. ``elementwise`` defaults to the registry's elementwise ops.
     """
     nodes = list(graph.nodes if order is None else order)
     records = {r.id: r for r in lifetimes(graph, nodes)}
     consts = getattr(graph, "consts", None) or {}
     protected = {*graph.inputs, *consts, *graph.outputs}
+    if elementwise is None:
+        elementwise = [name for name, op in REGISTRY.items() if op.elementwise]
     elementwise, overwrites = set(elementwise), overwrites or {}
     pairs = []
     for step, node in enumerate(nodes):
