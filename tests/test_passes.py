@@ -151,13 +151,16 @@ def test_constant_folding_folds_a_literal_chain():
 
 def test_constant_folding_skips_dropout_and_huge_outputs():
     w = np.ones(3, np.float32)
-    g = bind_inputs(ml.trace(lambda w, x: ml.ops.dropout(w, 0.5, seed=1) + ml.ops.broadcast_to(
+    g = bind_inputs(ml.trace(lambda w, x: ml.ops.dropout(w, 0.5) + ml.ops.broadcast_to(
         w[0], (600, 600)).sum() + x, w, w), {0: w})
-    h = constant_folding(g)
-    assert "dropout" in ops_of(h) and "broadcast_to" in ops_of(h)
+    h = constant_folding(g)  # dropout's seed comes from rng_seed, impure: neither is folded
+    assert {"rng_seed", "dropout", "broadcast_to"} <= set(ops_of(h))
     assert "getitem" not in ops_of(h)  # the small one was folded
     assert ops_of(constant_folding(g, max_bytes=10**7)).count("broadcast_to") == 0
-    assert_same_outputs(g, h, (w,))
+    ml.ops.manual_seed(1)
+    ref = outputs(g, (w,))
+    ml.ops.manual_seed(1)
+    np.testing.assert_array_equal(outputs(h, (w,))[0], ref[0])
 
 
 def test_dce_removes_an_unused_branch():
@@ -175,10 +178,14 @@ def test_dce_removes_an_unused_branch():
 
 def test_algebraic_simplification_rules():
     x, i = np.linspace(-1, 1, 3, dtype=np.float32), np.arange(3)
-    g = ml.trace(lambda x: ml.ops.neg(-(((x * 1.0 + 0.0) - 0.0) / 1.0) ** 1.0), x)
+    g = ml.trace(lambda x: ml.ops.neg(-(((x * 1.0 + (-0.0)) - 0.0) / 1.0) ** 1.0), x)
     assert ops_of(algebraic_simplification(g)) == []
-    g = ml.trace(lambda x: 0.0 - x, x)
+    g = ml.trace(lambda x: -0.0 - x, x)
     assert ops_of(algebraic_simplification(g)) == ["neg"]
+    g = ml.trace(lambda x: 0.0 - x, x)  # 0 - (+0) is +0 but neg(+0) is -0: not rewritten
+    assert ops_of(algebraic_simplification(g)) == ["sub"]
+    g = ml.trace(lambda x: x + 0.0, x)  # -0 + 0 is +0: not an identity for floats
+    assert ops_of(algebraic_simplification(g)) == ["add"]
     g = ml.trace(lambda x: x * 0.0, x)  # inf * 0 is nan: not folded for floats ...
     assert ops_of(algebraic_simplification(g)) == ["mul"]
     assert ops_of(algebraic_simplification(g, assume_finite=True)) == []  # ... unless asked

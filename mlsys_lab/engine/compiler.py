@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from ..errors import GraphError, MLSysError
+from ..errors import GraphError, MLSysError, OpError, OutOfMemoryError, ShapeError
 from . import memory
 from .cpu_kernels import MIXED_DTYPE_KERNELS, OUT_KERNELS
 from .graph import check_input
@@ -20,7 +20,7 @@ from .pytree import flatten, unflatten
 from .registry import REGISTRY, get
 from .runtime import Event, Timeline, as_input
 from .selection import explain_selection, select
-from .trace import static_positions, trace
+from .trace import static_key, static_positions, trace
 
 VIEW_OPS = {"reshape": lambda x, shape: x.reshape(shape),
             "transpose": lambda x, axes: x.transpose(axes),
@@ -80,18 +80,21 @@ def value_lifetimes(graph, order):
     return list(recs.values()), root
 
 
-class Compiled:
-    """A compiled function. Attributes show each stage for the notebooks:
+class Executable:
+    """One specialisation of a compiled function: the graph traced for one set of static
+    argument values, optimised, planned and turned into straight-line code. Attributes show
+    each stage for the notebooks:
 
     ``source_graph`` (as traced), ``stages`` (each pass's output), ``graph`` (optimised and
-    annotated with kernels), ``lifetimes``, ``plan`` (MemoryPlan), ``timeline`` (last run).
+    annotated with kernels), ``lifetimes``, ``plan`` (MemoryPlan), ``code`` (the generated
+    Python), ``timeline`` (last profiled run).
     """
 
     def __init__(self, f, *example_args, passes="default", device="cpu", fallback=("cpu",),
                  strategy="best", inplace=True, static_argnums=(), name=None, donate=()):
         self.source_graph = trace(f, *example_args, name=name, static_argnums=static_argnums)
         self.static_argnums = static_argnums
-        self._static = static_positions(static_argnums)
+        self._static = static_positions(static_argnums, len(example_args))
         self.stages = [("traced", self.source_graph)]
         g = self.source_graph
         if passes:
@@ -110,9 +113,22 @@ class Compiled:
         pairs = self._inplace_pairs() if inplace else []
         self.plan = memory.plan(self.lifetimes, strategy, inplace=pairs)
         memory.verify(self.plan, self.lifetimes)
-        self.arena = np.zeros(max(self.plan.arena_size, 1), np.uint8)
+        self.arena = self._allocate_arena()
         self._build()
         self.timeline = Timeline()
+
+    def _allocate_arena(self):
+        size = max(self.plan.arena_size, 1)
+        try:
+            return np.zeros(size, np.uint8)
+        except (MemoryError, ValueError) as e:  # ValueError: larger than numpy can index
+            big = sorted(self.lifetimes, key=lambda r: -r.size)[:3]
+            names = ", ".join(f"{r.id!r} ({r.size:,} B) from node #{r.id.producer.id} "
+                              f"{r.id.producer.op}" for r in big if r.id.producer is not None)
+            raise OutOfMemoryError(
+                f"compile {self.graph.name}: the memory plan needs an arena of {size:,} bytes "
+                f"({size / 2**30:,.1f} GiB), which cannot be allocated ({e}); largest "
+                f"tensors: {names}") from None
 
     def _inplace_pairs(self):
         """memory.inplace_pairs, kept where they still hold once views extend lifetimes: the
@@ -146,6 +162,7 @@ class Compiled:
         not itself returned: then the result is written straight into the caller's input
         array, as a training step updates its parameters in place."""
         g, out = self.graph, {}
+        donate = self._check_donate(donate)
         readers = {}
         for step, n in enumerate(self.order):
             for v in n.inputs:
@@ -162,6 +179,22 @@ class Compiled:
             if max(readers.get(src, [-1])) == self.order.index(node):
                 out[dst] = src
         return out
+
+    def _check_donate(self, donate):
+        """``donate`` as a list of (input, output) index pairs; GraphError for anything else."""
+        n_in, n_out = len(self.graph.inputs), len(self.graph.outputs)
+        pairs = []
+        for pair in donate:
+            ok = (isinstance(pair, (tuple, list)) and len(pair) == 2
+                  and all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+                          for k in pair))
+            if not ok or not (-n_in <= pair[0] < n_in and -n_out <= pair[1] < n_out):
+                raise GraphError(
+                    f"compile {self.graph.name}: donate pair {pair!r} must be (input index, "
+                    f"output index) within the {n_in} inputs and {n_out} outputs of the "
+                    f"flattened signature")
+            pairs.append((int(pair[0]) % n_in, int(pair[1]) % n_out))
+        return pairs
 
     def _view(self, v):
         off = self.plan.offsets[v]
@@ -240,6 +273,7 @@ class Compiled:
             self._line_node[len(lines)] = n
         lines += [f"    env[{self._slot[v]}] = t{self._slot[v]}" for v in g.outputs
                   if self._slot[v] not in fixed]
+        lines.append("    return None")  # a body even when nothing is left to run
         self.code = "\n".join(lines)
         exec(builtins.compile(self.code, f"<compiled {g.name}>", "exec"), static)
         return static["run"]
@@ -256,17 +290,24 @@ class Compiled:
 
     def call_flat(self, flat, out=None, profile=True):
         """``__call__`` on inputs already flattened into the graph's input order; returns the
-        flat list of outputs."""
+        flat list of outputs. Everything is checked before anything runs: a donated input
+        given as a read-only array is copied (donation lets the output reuse the buffer; it
+        never obliges it), and a read-only ``out`` array is refused."""
         g, env = self.graph, self._env
         if len(flat) != len(g.inputs):
             raise GraphError(f"{g.name}: expects {len(g.inputs)} inputs, got {len(flat)}")
+        if out is not None:
+            self._check_out(out)
         for v, slot, a in zip(g.inputs, self._input_slots, flat):
             if type(a) is not np.ndarray:
                 a = as_input(a, v.dtype)
             check_input(g.name, v, a.shape, a.dtype)
             env[slot] = a
         for dst, src in self._donated_slots:
-            env[dst] = env[src]
+            a = env[src]
+            if not a.flags.writeable:
+                a = env[src] = a.copy()
+            env[dst] = a
         if profile:
             self._interpret(env)
         else:
@@ -274,6 +315,8 @@ class Compiled:
                 self._run(env)
             except MLSysError as e:
                 raise self._node_error(e, self._failed_node(e.__traceback__)) from None
+            except Exception as e:
+                raise self._kernel_error(e, self._failed_node(e.__traceback__)) from e
         results = []
         for slot, dst in zip(self._output_slots, out or [None] * len(self._output_slots)):
             val = env[slot]
@@ -284,6 +327,22 @@ class Compiled:
                 np.copyto(dst, val)
             results.append(dst)
         return results
+
+    def _check_out(self, out):
+        outs = self.graph.outputs
+        if len(out) != len(outs):
+            raise GraphError(f"{self.graph.name}: out lists {len(out)} arrays for "
+                             f"{len(outs)} outputs")
+        for k, (dst, v) in enumerate(zip(out, outs)):
+            if dst is None:
+                continue
+            if not isinstance(dst, np.ndarray) or not dst.flags.writeable:
+                got = "a read-only array" if isinstance(dst, np.ndarray) else type(dst).__name__
+                raise GraphError(f"{self.graph.name}: out[{k}] must be a writeable numpy "
+                                 f"array, got {got}")
+            if dst.shape != v.shape:
+                raise ShapeError(f"{self.graph.name}: out[{k}] has shape {dst.shape}, the "
+                                 f"output {v.name} is {v.type_str()}")
 
     def _failed_node(self, tb):
         """The node whose line of the generated code raised (found from the traceback, so
@@ -302,6 +361,18 @@ class Compiled:
         where = f"\n  at {n.source}" if n.source else ""
         return type(e)(f"{e}\n  while running node #{n.id} {n.op}{where}")
 
+    @classmethod
+    def _kernel_error(cls, e, n):
+        """A library error for a non-library exception raised by a kernel: OpError (or
+        OutOfMemoryError) naming the op, its input types, the node and the user's line, as
+        eager mode reports it."""
+        kind = OutOfMemoryError if isinstance(e, MemoryError) else OpError
+        if n is None:
+            return kind(f"compiled run failed: {type(e).__name__}: {e}")
+        shapes = ", ".join(f"{v.dtype}{list(v.shape)}" for v in n.inputs)
+        return cls._node_error(kind(f"{n.op}: kernel failed on inputs ({shapes}): "
+                                    f"{type(e).__name__}: {e}"), n)
+
     def _interpret(self, env):
         """Run the steps one by one, recording the timeline and naming a failing node."""
         events, clock = [], time.perf_counter
@@ -314,6 +385,8 @@ class Compiled:
                     fn(env[o], *[env[i] for i in ins], **attrs)
             except MLSysError as e:
                 raise self._node_error(e, n) from None
+            except Exception as e:
+                raise self._kernel_error(e, n) from e
             events.append((n, t0, clock()))
         self.timeline = Timeline(Event.of(n, n.meta.get("device", "cpu"), "stream0", t0, t1)
                                  for n, t0, t1 in events)
@@ -325,7 +398,8 @@ class Compiled:
             lines.append(f"  {name_:<28}{len(gr.nodes):>5} nodes")
         lines += ["", "== kernel selection ==", explain_selection(self.graph), "",
                   "== memory plan =="]
-        lb = memory.lower_bound(self.lifetimes, self.plan.alignment)
+        lb = memory.lower_bound(self.lifetimes, self.plan.alignment,
+                                inplace=self.plan.inplace)
         naive = memory.naive_size(self.lifetimes, self.plan.alignment)
         lines.append(f"  strategy {self.plan.strategy}: arena {self.plan.arena_size} bytes, "
                      f"lower bound {lb}, no reuse {naive}, in-place pairs "
@@ -333,13 +407,69 @@ class Compiled:
         return "\n".join(lines)
 
 
+class Compiled:
+    """A compiled function: ``c = Compiled(f, *example_args, **options)``, then ``c(*args)``.
+
+    Positions in ``static_argnums`` take Python values that are baked into the graph (a
+    layer count, a flag). As in ``jax.jit``, each distinct tuple of static values (compared
+    with ``==``, each with its type; they must be hashable) is traced and compiled on the
+    first call that uses it, and kept in ``specialisations`` (key -> :class:`Executable`).
+
+    The stage attributes ``source_graph``, ``stages``, ``graph``, ``lifetimes``, ``plan``,
+    ``code``, ``timeline`` and ``explain()`` are those of ``current``: the specialisation
+    the most recent call ran (at first, the one compiled for ``example_args``).
+    """
+
+    def __init__(self, f, *example_args, static_argnums=(), **options):
+        self.f, self.options = f, options
+        self.static_argnums = static_argnums
+        self._static = static_positions(static_argnums, len(example_args))
+        self.specialisations = {}
+        self.current = self._specialise(example_args)
+
+    def _specialise(self, args):
+        """The Executable for the static values in ``args`` (traced and compiled if new)."""
+        if len(args) <= max(self._static, default=-1):
+            raise GraphError(f"{getattr(self.f, '__name__', 'compiled')}: static argument "
+                             f"{max(self._static)} is missing (got {len(args)} arguments)")
+        key = static_key(args, self._static)
+        spec = self.specialisations.get(key)
+        if spec is None:
+            spec = Executable(self.f, *args, static_argnums=self.static_argnums,
+                              **self.options)
+            self.specialisations[key] = spec
+        self.current = spec
+        return spec
+
+    def __getattr__(self, name):
+        current = self.__dict__.get("current")  # graph, plan, code, ...: the current one's
+        if current is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(current, name)
+
+    def __call__(self, *args, out=None, profile=True):
+        """Run on new inputs (same shapes/dtypes as the examples; a new static value compiles
+        a new specialisation). ``out`` optionally lists arrays to write the outputs into."""
+        spec = self._specialise(args) if self._static else self.current
+        return spec(*args, out=out, profile=profile)
+
+    def call_flat(self, flat, out=None, profile=True):
+        """Run the current specialisation on inputs flattened into its graph's input order."""
+        return self.current.call_flat(flat, out, profile)
+
+    def explain(self):
+        """Text report of the current specialisation: passes, kernel selection, memory plan."""
+        return self.current.explain()
+
+
 def compile(f, *example_args, **options):  # noqa: A001 - the public name is ml.compile
     """Compile ``f`` for inputs shaped like ``example_args``; see :class:`Compiled`.
 
     Options: ``passes`` ("default", a list of passes, or None), ``device`` ("cpu", "cpu-numba",
     "cuda", "npu"), ``fallback``, ``strategy`` (memory planner), ``inplace``,
-    ``static_argnums``, ``name``, ``donate`` ((input index, output index) pairs whose output
-    may be written into the caller's input array).
+    ``static_argnums`` (positions of Python values baked into the graph; each new value is
+    traced and compiled again, as in ``jax.jit``), ``name``, ``donate`` ((input index, output
+    index) pairs whose output may be written into the caller's input array).
     """
     return Compiled(f, *example_args, **options)
 

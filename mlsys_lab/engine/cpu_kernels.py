@@ -11,6 +11,10 @@ are more than that:
 * ``sum_accumulate`` (a bias update), ``cross_entropy`` and its gradient, ``relu_grad`` and the
   bias + ReLU epilogue of ``fused_linear`` are small Numba loops: one pass over the input each,
   where numpy makes several passes and temporaries.
+
+An elementwise kernel here must give what the op's own ``compute`` gives, bit for bit (signed
+zeros and NaN included), so only ops that are one numpy ufunc have one; the others (``sigmoid``)
+run their op's ``compute`` and copy the result.
 """
 
 import math
@@ -26,13 +30,6 @@ _UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_
           "abs": np.abs, "sign": np.sign, "pow": np.power}
 
 
-def _sigmoid_out(out, x):
-    np.multiply(x, 0.5, out=out)
-    np.tanh(out, out=out)
-    out += 1.0
-    out *= 0.5
-
-
 @numba.njit(error_model="numpy", cache=False)
 def _bias_relu_rows(out, b):
     """out[i, j] = max(out[i, j] + b[j], 0) in one pass."""
@@ -46,7 +43,7 @@ def _bias_relu_rows(out, b):
 @numba.njit(error_model="numpy", cache=False)
 def _relu_grad_flat(out, g, x):
     for i in range(out.shape[0]):
-        out[i] = g[i] if x[i] > 0 else g[i] * 0  # as g * (x > 0): inf * 0 is NaN
+        out[i] = g[i] if x[i] > 0 else 0  # exactly 0, even where g is inf or NaN
 
 
 def _fused_linear_out(out, a, w, b, activation=None):
@@ -65,8 +62,8 @@ def _relu_grad_out(out, g, x):
     if (g.shape == x.shape == out.shape and g.dtype == out.dtype and x.dtype == out.dtype
             and out.flags.c_contiguous and g.flags.c_contiguous and x.flags.c_contiguous):
         _relu_grad_flat(out.reshape(-1), g.reshape(-1), x.reshape(-1))
-    else:
-        np.multiply(g, x > 0, out=out)
+    else:  # out may be g's own buffer (in place): build the result before writing it
+        np.copyto(out, np.where(x > 0, g, np.zeros((), out.dtype)))
 
 
 # --- GEMM through numpy's own BLAS -----------------------------------------------------------
@@ -231,7 +228,6 @@ def cross_entropy_grad_out(out, x, t):
 OUT_KERNELS = {
     "relu": lambda out, x: np.maximum(x, 0, out=out),
     "relu_grad": _relu_grad_out,
-    "sigmoid": _sigmoid_out,
     "matmul": lambda out, a, b: np.matmul(a, b, out=out),
     "sum": lambda out, x, axis, keepdims: np.sum(x, axis=axis, keepdims=keepdims, out=out),
     "cast": lambda out, x, dtype: np.copyto(out, x, casting="unsafe"),

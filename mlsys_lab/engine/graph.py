@@ -6,6 +6,7 @@ node records the op name, its attrs and the user's source line that created it.
 """
 
 import itertools
+import math
 import os
 import sys
 
@@ -35,7 +36,7 @@ class Value:
 
     @property
     def nbytes(self):
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize  # Python ints: never wraps
 
     def type_str(self):
         return f"{dtypes.short(self.dtype)}[{','.join(map(str, self.shape))}]"

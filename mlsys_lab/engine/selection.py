@@ -243,11 +243,12 @@ def select(graph, device_name="cpu", fallback=("cpu",)):
 
 
 def _drop_unused(nodes, outputs):
-    """Remove nodes whose results nothing reads (casts made redundant by float16 reuse)."""
+    """Remove nodes whose results nothing reads (casts made redundant by float16 reuse); a node
+    of an impure op stays (it consumes randomness)."""
     needed = {id(v) for v in outputs}
     kept = []
     for n in reversed(nodes):
-        if any(id(o) in needed for o in n.outputs):
+        if any(id(o) in needed for o in n.outputs) or get(n.op).impure:
             kept.append(n)
             needed.update(id(v) for v in n.inputs)
     return kept[::-1]

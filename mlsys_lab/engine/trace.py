@@ -93,9 +93,42 @@ def _leaf_aval(x):
                      f"Tensors, numbers, or tuples/lists/dicts of them")
 
 
-def static_positions(static_argnums):
-    """``static_argnums`` (an int or an iterable of ints) as a set of positions."""
-    return {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
+def static_positions(static_argnums, n_args=None):
+    """``static_argnums`` (an int or an iterable of ints) as a set of positions; with
+    ``n_args``, negative positions count from the end and each must name an argument."""
+    nums = [static_argnums] if isinstance(static_argnums, (int, np.integer)) else \
+        list(static_argnums)
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in nums):
+        raise TraceError(f"static_argnums must be ints, got {static_argnums!r}")
+    if n_args is None:
+        return {int(i) for i in nums}
+    bad = [int(i) for i in nums if not -n_args <= i < n_args]
+    if bad:
+        raise TraceError(f"static_argnums {bad} out of range for a call with {n_args} "
+                         f"arguments")
+    return {int(i) % n_args for i in nums}
+
+
+def static_key(args, positions):
+    """The hashable key of the static arguments at ``positions`` of ``args`` (each value with
+    its type, so ``2`` and ``2.0`` or ``1`` and ``True`` are traced apart): what a cache of
+    compiled specialisations is keyed by, as in ``jax.jit``.
+
+    Raises:
+        TraceError: a static argument is not hashable (a list or an array, say).
+    """
+    key = []
+    for i in sorted(positions):
+        v = args[i]
+        try:
+            hash(v)
+        except TypeError:
+            raise TraceError(f"static argument {i} must be hashable: compiled versions are "
+                             f"cached by their static values, got a {type(v).__name__} "
+                             f"({v!r:.60}); pass a tuple instead of a list, or make it a "
+                             f"traced argument") from None
+        key.append((i, type(v), v))
+    return tuple(key)
 
 
 def trace(f, *example_args, name=None, static_argnums=()):
@@ -108,7 +141,7 @@ def trace(f, *example_args, name=None, static_argnums=()):
         name: display name of the graph (default: ``f.__name__``).
         static_argnums: positions passed to ``f`` unchanged (Python values baked into the graph).
     """
-    static = static_positions(static_argnums)
+    static = static_positions(static_argnums, len(example_args))
     name = name or getattr(f, "__name__", "graph")
     builder = GraphBuilder(name)
     traced = [a for i, a in enumerate(example_args) if i not in static]

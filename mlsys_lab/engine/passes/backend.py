@@ -126,8 +126,9 @@ def _transpose(rw, v, perm, node):
 
 
 def _follows_layout(n, ins, region):
-    if not get(n.op).elementwise or len(n.outputs) != 1 or len(n.output.shape) != 4:
-        return False
+    op = get(n.op)
+    if not op.elementwise or op.impure or len(n.outputs) != 1 or len(n.output.shape) != 4:
+        return False  # an impure op keeps its layout: its draws land where eager puts them
     if not any(id(v) in region for v in ins):
         return False
     return all(len(v.shape) == 4 or (len(v.shape) < 4 and v.nbytes <= v.dtype.itemsize)
@@ -254,7 +255,9 @@ def fuse_gemm_accumulate(graph):
     exactly the result's shape and dtype (float), the scale ``s`` is a scalar constant, and the
     product and scaled product have no other reader and are not graph outputs. Rounding
     differs from the unfused graph by a few ulps (BLAS computes ``alpha * acc + beta * c``
-    with its own operation order).
+    with its own operation order); inf and NaN propagate as unfused. A scale of 0 is left
+    alone: BLAS skips the product when ``alpha == 0``, so ``c + 0 * (a @ b)`` would lose the
+    NaN that an inf in ``a`` or ``b`` makes.
     """
     plan = _gemm_patterns(graph)
     rw = Rewriter(graph)
@@ -296,7 +299,9 @@ def _scaled_product(graph, v, outs):
         return None
     for k in (0, 1):
         s, m = _scalar_const(graph, p.inputs[k]), p.inputs[1 - k]
-        if s is None or m is p.inputs[k] or m.producer is None or not _is_product(m.producer):
+        if s is None or s == 0 or m is p.inputs[k] or m.producer is None:
+            continue  # s == 0: BLAS skips the product when alpha == 0 (NaN would be lost)
+        if not _is_product(m.producer):
             continue
         if id(m) in outs or len({id(u) for u in m.users}) != 1 or m.aval != v.aval:
             continue

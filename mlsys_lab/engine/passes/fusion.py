@@ -28,9 +28,9 @@ TEMPLATES = {
     "pow": "{0} ** {1}", "maximum": "_maximum({0}, {1})", "minimum": "_minimum({0}, {1})",
     "neg": "-{0}", "abs": "abs({0})", "exp": "math.exp({0})", "log": "math.log({0})",
     "sqrt": "math.sqrt({0})", "sin": "math.sin({0})", "cos": "math.cos({0})",
-    "tanh": "_tanh({0})", "sigmoid": "HALF * (ONE + _tanh(HALF * {0}))", "relu": "_relu({0})",
+    "tanh": "_tanh({0})", "sigmoid": "_sigmoid({0})", "relu": "_relu({0})",
     "sign": "_sign({0})", "where": "({1} if {0} else {2})",
-    "relu_grad": "{0} * (ONE if {1} > ZERO else ZERO)",
+    "relu_grad": "({0} if {1} > ZERO else ZERO)",
 }
 
 #: Generated kernels by (program, input kinds, dtype): each is compiled once.
@@ -112,7 +112,14 @@ _HELPERS = {}
 
 
 def _helpers(dt):
-    """Globals of the generated source: typed constants and small inlined scalar functions."""
+    """Globals of the generated source: typed constants and small inlined scalar functions.
+
+    Each computes what the eager op's numpy kernel computes, over the whole float range (±0,
+    ±inf, NaN and subnormals included): exact ops bit for bit (numpy's ``maximum`` returns its
+    second argument on a tie, so ``maximum(-0., 0.)`` is ``0.``; ``relu(-0.)`` and
+    ``sign(-0.)`` are ``+0.``), and the transcendental ones within a few ulp (the test in
+    ``tests/test_compile_correctness.py`` measures them).
+    """
     if dt.str not in _HELPERS:
         import numba
 
@@ -120,48 +127,88 @@ def _helpers(dt):
         zero, one, minus_one = dt.type(0), dt.type(1), dt.type(-1)
 
         def relu(x):
-            return x if not x < zero else zero  # NaN passes through, as np.maximum does
+            return x if (x > zero or x != x) else zero  # NaN passes, as np.maximum(x, 0)
 
         def maximum(a, b):
-            return a if (a >= b or a != a) else b
+            return a if (a > b or a != a) else b
 
         def minimum(a, b):
-            return a if (a <= b or a != a) else b
+            return a if (a < b or a != a) else b
 
         def sign(x):
-            return one if x > zero else (minus_one if x < zero else x)
+            return one if x > zero else (minus_one if x < zero else (x if x != x else zero))
 
-        tanh = _tanh_f32() if dt == np.float32 else math.tanh
+        if dt == np.float32:
+            tanh, sigmoid = inline(_tanh_f32()), inline(_sigmoid_f32())
+        else:
+            tanh, sigmoid = math.tanh, inline(_sigmoid_f64)
         _HELPERS[dt.str] = dict(
-            math=math, ZERO=zero, ONE=one, HALF=dt.type(0.5), _relu=inline(relu),
-            _maximum=inline(maximum), _minimum=inline(minimum), _sign=inline(sign),
-            _tanh=inline(tanh) if tanh is not math.tanh else tanh)
+            math=math, ZERO=zero, ONE=one, _relu=inline(relu), _maximum=inline(maximum),
+            _minimum=inline(minimum), _sign=inline(sign), _tanh=tanh, _sigmoid=sigmoid)
     return dict(_HELPERS[dt.str])
 
 
-def _tanh_f32():
-    """float32 tanh as Eigen's (and XLA's) rational approximation: within a few ulp of the
-    exact value, and plain arithmetic, so LLVM vectorises the loop (a libm call per element,
-    as ``math.tanh`` compiles to, is ~30x slower than numpy's SIMD tanh)."""
-    f = np.float32
-    clamp, tiny = f(7.99881172180175781), f(0.0004)
-    a1, a3, a5, a7 = f(4.89352455891786e-03), f(6.37261928875436e-04), \
-        f(1.48572235717979e-05), f(5.12229709037114e-08)
-    a9, a11, a13 = f(-8.60467152213735e-11), f(2.00018790482477e-13), f(-2.76076847742355e-16)
-    b0, b2, b4, b6 = f(4.89352518554385e-03), f(2.26843463243900e-03), \
-        f(1.18534705686654e-04), f(1.19825839466702e-06)
+def _expm1_f64(k, degree):
+    """``expm1(z)``: e**(z * 2**k) - 1 in float64 for small z >= 0, using only arithmetic, so
+    LLVM vectorises a loop that calls it (a libm call per element is scalar and 5-30x slower
+    than numpy's SIMD kernels).
 
-    def tanh(a):
-        x = a
-        if a > clamp:
-            x = clamp
-        if a < -clamp:
-            x = -clamp
-        x2 = x * x
-        p = x2 * (x2 * (x2 * (x2 * (x2 * (x2 * a13 + a11) + a9) + a7) + a5) + a3) + a1
-        q = x2 * (x2 * (x2 * b6 + b4) + b2) + b0
-        return a if abs(a) < tiny else x * p / q
+    The Taylor series of ``degree`` at z, then k doublings ``e(2z) - 1 = (e(z) - 1) *
+    (e(z) - 1 + 2)``. Every term is positive, so nothing cancels; a doubling at most doubles
+    the relative error, so the relative truncation error ``z**degree / (degree + 1)!`` times
+    2**k must stay far below a float32 ulp (6e-8): the callers keep it under 1e-9."""
+    import numba
+
+    coeffs = tuple(np.float64(1.0 / math.factorial(i)) for i in range(degree, 0, -1))
+    two = np.float64(2.0)
+
+    def expm1(z):
+        p = np.float64(0.0)
+        for c in coeffs:
+            p = (p + c) * z
+        for _ in range(k):
+            p = p * (p + two)
+        return p
+    return numba.njit(inline="always")(expm1)
+
+
+def _tanh_f32():
+    """float32 tanh computed in float64 as ``e / (e + 2)`` with ``e = expm1(2|x|)``, then
+    rounded once to float32: within 1 ulp of numpy's tanh everywhere. ``|x| >= 9.5`` gives
+    exactly ±1 (as the correctly rounded result is), ``tanh(±0) = ±0``, NaN stays NaN.
+    expm1: z <= 19 / 2**7 = 0.15, degree 8 (0.15**8 / 9! * 2**7 < 1e-10)."""
+    expm1 = _expm1_f64(7, 8)
+    f8, f4 = np.float64, np.float32
+
+    def tanh(x):
+        a = min(abs(f8(x)), f8(9.5))
+        e = expm1(a * f8(2.0 / 2**7))  # e^(2a) - 1
+        t = f4(math.copysign(e / (e + f8(2.0)), x))
+        return x if x != x else t
     return tanh
+
+
+def _sigmoid_f32():
+    """float32 sigmoid computed in float64 with ``E = exp(|x|)``: ``E / (E + 1)`` for x >= 0
+    and ``1 / (E + 1)`` for x < 0 (the eager op's stable formula written with e^|x| instead
+    of e^-|x|), then rounded once to float32, subnormals included. ``|x| >= 110`` saturates
+    to exactly 1 or 0 (as the correctly rounded results are); NaN stays NaN.
+    expm1: z <= 110 / 2**9 = 0.21, degree 9 (0.21**9 / 10! * 2**9 < 2e-10)."""
+    expm1 = _expm1_f64(9, 9)
+    f8, f4 = np.float64, np.float32
+
+    def sigmoid(x):
+        a = min(abs(f8(x)), f8(110.0))
+        e = expm1(a * f8(1.0 / 2**9)) + f8(1.0)  # e^a
+        s = f4(e / (e + f8(1.0)) if x >= 0 else f8(1.0) / (e + f8(1.0)))
+        return x if x != x else s
+    return sigmoid
+
+
+def _sigmoid_f64(x):
+    """The eager op's formula: ``z = exp(-|x|)``, then 1 / (1 + z) or z / (1 + z)."""
+    z = math.exp(-abs(x))
+    return (1.0 if x >= 0 else z) / (1.0 + z)
 
 
 def fused_elementwise_numba(*arrays, program):
@@ -204,7 +251,8 @@ register_impl("fused_elementwise", "cpu-numba", fused_elementwise_numba,
 
 # --- the pass ---------------------------------------------------------------------------------
 def _fusable(n):
-    return (n.op in TEMPLATES and n.op in REGISTRY and get(n.op).elementwise and not n.attrs
+    return (n.op in TEMPLATES and n.op in REGISTRY and get(n.op).elementwise
+            and not get(n.op).impure and not n.attrs
             and len(n.outputs) == 1 and dtypes.is_float(n.output.dtype))
 
 

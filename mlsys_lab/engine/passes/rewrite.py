@@ -104,7 +104,8 @@ class Rewriter:
 
 def _prune(nodes, consts, outputs, candidates):
     """Drop unused nodes/constants (all of them, or only those in ``candidates`` and what only
-    they read), walking backwards so a dropped node's inputs can become unused in turn."""
+    they read), walking backwards so a dropped node's inputs can become unused in turn. A node
+    of an impure op (``Op.impure``) is never dropped: it consumes randomness."""
     readers = {}
     for n in nodes:
         for v in n.inputs:
@@ -114,7 +115,7 @@ def _prune(nodes, consts, outputs, candidates):
     cand = None if candidates is None else set(candidates)
     keep = []
     for n in reversed(nodes):
-        dead = all(readers.get(id(o), 0) == 0 for o in n.outputs)
+        dead = all(readers.get(id(o), 0) == 0 for o in n.outputs) and not get(n.op).impure
         if dead and (cand is None or any(id(o) in cand for o in n.outputs)):
             for v in n.inputs:
                 readers[id(v)] -= 1
