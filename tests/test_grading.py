@@ -333,11 +333,13 @@ ADVERSARIAL = {
         {"0.1": 3, "0.2": 5, "0.3": 4},
         "output too long",
     ),
-    "redefining check, json, print, mlsys_lab": (
+    "redefining check, json, print, mlsys_lab, exec, globals": (
         "0.1",
         "def square(x):\n    return x * x\n\n"
         "check = lambda *a: None\njson = None\nprint = None\nmlsys_lab = None\n"
-        "np = None\nsys = None\n__mlsys_grading = None\n",
+        "np = None\nsys = None\n__mlsys_grading = None\n"
+        "exec = compile = type = dict = vars = setattr = None\n"
+        "globals = lambda: {'fib': lambda n: 0, 'mean': lambda xs: 0}\n",
         {"cell_timeout": 10, "timeout": 60},
         {"0.1": 3, "0.2": 5, "0.3": 4},
         None,
@@ -395,7 +397,8 @@ def test_grading_an_unreadable_notebook_reports_instead_of_crashing(tmp_path):
 
 def test_cli_grade_json(tmp_path, capsys, no_leftover_processes):
     # A student deleted exercise 0.3 and renamed the file: the maximum still counts 0.3 (the
-    # chapter comes from the notebook's metadata), and it scores 0 of its 4 points.
+    # chapter comes from the notebook's metadata), and it scores 0 of its 4 points: graded at
+    # the end of the notebook, where nothing defines `mean`.
     nb = nbformat.read(DEMO, as_version=4)
     nb.cells = [c for c in nb.cells if "0.3" not in c.source and "0.3" not in str(c.metadata)]
     path = tmp_path / "my homework.ipynb"
@@ -404,7 +407,9 @@ def test_cli_grade_json(tmp_path, capsys, no_leftover_processes):
     data = json.loads(capsys.readouterr().out)
     assert (data["total"], data["max"]) == (FULL - 4, FULL)
     assert [row["exercise"] for row in data["rows"]] == ["0.1", "0.2", "0.3"]
-    assert data["rows"][2]["feedback"] == "no answer cell tagged answer:0.3 was found"
+    assert data["rows"][2]["feedback"] == (
+        "3 of 3 cases failed: `mean` is not defined — did you run the cell with your answer?"
+    )
 
 
 def test_cli_grade_missing_notebook_exits_1(tmp_path, capsys):

@@ -36,6 +36,7 @@ __all__ = [
     "build_all",
     "build_exercise",
     "chapter_from_filename",
+    "check_ids",
     "check_up_to_date",
     "render",
 ]
@@ -46,6 +47,7 @@ ANSWER_TAG = "answer:"
 RAISES_TAG = "raises-exception"
 _TODO = re.compile(r"^\s*#\s*TODO:?\s*(.*)$")
 _CHAPTER_FILE = re.compile(r"^(?:ch)?(\d+)_")
+_CHECK_CALL = re.compile(r"\bcheck\(\s*['\"](\d+\.\d+[a-z]?)['\"]")
 
 
 def answer_id(cell) -> str | None:
@@ -62,9 +64,14 @@ def chapter_from_filename(path: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def check_ids(source: str) -> list[str]:
+    """The exercise ids a cell's ``check("4.1", ...)`` calls name, in order (comments skipped)."""
+    lines = [line.split("#", 1)[0] for line in source.splitlines()]
+    return _CHECK_CALL.findall("\n".join(lines))
+
+
 def _is_check_cell_for(cell, exercise_id: str) -> bool:
-    pattern = r"\bcheck\(\s*['\"]" + re.escape(exercise_id) + r"['\"]"
-    return cell.cell_type == "code" and re.search(pattern, cell.source) is not None
+    return cell.cell_type == "code" and exercise_id in check_ids(cell.source)
 
 
 def _stub_region(lines: list[str], exercise_id: str, where: str) -> tuple[list[str], int]:

@@ -1,27 +1,39 @@
 """Exercise checks as data: cases, exercises, a registry, and the ``check`` a notebook calls.
 
-An *exercise* (``Exercise``) is a list of *cases* (``Case``). A case is a small function that
-receives the student's answer object(s) and either returns ``None`` (passed) or raises
-``AssertionError`` whose message says what was expected (failed). Any other exception comes from
-the student's code and is reported as its type and message, never as a long traceback.
+An *exercise* (``Exercise``) is a list of *cases* (``Case``). Each case has two halves:
+
+* a **probe**, ``probe(*answers)`` (or ``probe(*answers, seed=...)``), which runs in the student's
+  kernel: it calls the student's function(s) on the case's inputs and returns what came back as
+  plain data (numbers, strings, lists, tuples, dicts, numpy arrays; see ``wire``);
+* a **judge**, ``judge(raw)`` (or ``judge(raw, seed=...)``), which runs wherever the verdict is
+  trusted — in the grader's own process under ``mlsys-lab grade`` — and compares ``raw`` with a
+  reference it computes itself. It returns ``None`` to pass or raises ``AssertionError`` whose
+  message says what was expected.
+
+While a probe runs, the exercise's ``forbidden`` functions (and the grader's own reference
+answers) refuse to run (``guard``). An exception from the student's code is reported as its type,
+message and line, never as a long traceback. A ``seed`` draws fresh inputs each run (``check``
+shows it when a case fails, so ``check(..., seed=N)`` repeats the run).
 
 Chapter modules ``mlsys_lab/grading/chNN.py`` define their exercises and ``register`` them; they
 are imported lazily, the first time an exercise id of that chapter is asked for ('4.1' imports
-``mlsys_lab.grading.ch04``). Every case holds its own reference (a reference function or
-expected data inside the mlsys_lab package), so nothing a student writes into the notebook
-namespace can change what counts as right.
+``mlsys_lab.grading.ch04``). ``ch00.py`` is the template.
 
 Two entry points use the cases:
 
-* ``check("4.1", topological_sort)`` — the public check cell under each exercise; prints a
-  readable per-case report and returns a ``CheckResult``.
-* ``run_cases_json("4.1", globals(), marker)`` — what the grader's hidden cell calls inside the
-  student's kernel; prints one JSON line, prefixed by a marker, for the grader to parse.
+* ``check("4.1", topological_sort)`` — the public check cell under each exercise: probe and
+  judge both run in the notebook's kernel; prints a per-case report, returns a ``CheckResult``.
+* ``mlsys-lab grade`` — runs only the probes in the student's kernel (from source the grader
+  sends, so nothing the notebook patched is used) and the judges in its own process.
+
+Old-style cases, ``Case(name, points, fn)`` where ``fn(*answers)`` computes the verdict itself,
+still work but are *legacy*: their verdict comes from the kernel, so the grader cannot trust it
+(``Case.legacy``; ``legacy_cases()`` lists them). Convert them to probe/judge pairs.
 """
 
 from __future__ import annotations
 
-import importlib
+import inspect
 import json
 import math
 import numbers
@@ -33,20 +45,28 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from mlsys_lab.grading.wire import Opaque, Raised, raised
+
 __all__ = [
     "Case",
+    "attempt",
     "CaseResult",
     "CheckResult",
     "EXERCISES",
     "Exercise",
     "MARKER",
+    "Opaque",
+    "Raised",
     "UnknownExerciseError",
     "chapter_of",
     "check",
+    "describe",
+    "describe_error",
     "exercises_for_chapter",
     "expect_close",
     "expect_equal",
     "get_exercise",
+    "legacy_cases",
     "register",
     "run_cases",
     "run_cases_json",
@@ -62,21 +82,49 @@ _short_repr.maxother = 80
 _short_repr.maxlist = _short_repr.maxtuple = _short_repr.maxdict = 8
 
 
+def _takes_seed(fn: Callable | None) -> bool:
+    try:
+        return fn is not None and "seed" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
 @dataclass(frozen=True)
 class Case:
-    """One test of an answer.
+    """One test of an answer: a probe (kernel side) and a judge (trusted side).
 
     Attributes:
-        name: what the case tests, shown in the report (``"fib(10) == 55"``).
+        name: what the case tests, shown in the report (``"fib(10) == 55"``); unique within
+            its exercise.
         points: points awarded when the case passes.
-        fn: ``fn(*answers)``; returns ``None`` to pass, raises ``AssertionError`` to fail.
-        feedback: what was expected, shown when ``fn`` fails without a message of its own.
+        fn: legacy only — ``fn(*answers)`` computing the verdict in the kernel; use probe/judge.
+        feedback: what was expected, shown when the judge fails without a message of its own.
+        probe: ``probe(*answers[, seed])`` -> plain data; runs the student's code, in the kernel.
+        judge: ``judge(raw[, seed])``; returns ``None`` to pass, raises ``AssertionError`` to fail.
     """
 
     name: str
     points: float
-    fn: Callable[..., None]
+    fn: Callable[..., None] | None = None
     feedback: str = ""
+    probe: Callable[..., Any] | None = field(default=None, kw_only=True)
+    judge: Callable[..., None] | None = field(default=None, kw_only=True)
+
+    def __post_init__(self):
+        if self.fn is None and (self.probe is None or self.judge is None):
+            raise ValueError(f"case {self.name!r} needs both a probe and a judge")
+        if self.fn is not None and (self.probe is not None or self.judge is not None):
+            raise ValueError(f"case {self.name!r}: give either fn (legacy) or probe and judge")
+
+    @property
+    def legacy(self) -> bool:
+        """True for an old-style case whose verdict is computed in the student's kernel."""
+        return self.fn is not None
+
+    @property
+    def seeded(self) -> bool:
+        """True when the probe or the judge takes a ``seed`` (fresh inputs each run)."""
+        return _takes_seed(self.probe) or _takes_seed(self.judge)
 
 
 @dataclass(frozen=True)
@@ -85,13 +133,21 @@ class Exercise:
 
     ``target`` names the student's object(s) in the notebook namespace — one name
     (``"topological_sort"``) or a tuple of names; a name may be dotted (``"Planner.plan"``).
-    The cases receive the objects in that order.
+    The probes receive the objects in that order.
+
+    ``forbidden`` lists the library functions that would solve the exercise, as
+    ``"module:qualname"`` specs (``"mlsys_lab.engine.schedule:kahn"``,
+    ``"mlsys_lab.engine.graph:Graph.dependency"``, a class for all its methods, a bare module
+    for all its functions); they refuse to run while a probe runs. ``task`` completes the
+    refusal "this exercise asks you to write <task> yourself" (default: the target names).
     """
 
     id: str
     title: str
     cases: tuple[Case, ...]
     target: str | tuple[str, ...]
+    forbidden: tuple[str, ...] = ()
+    task: str = ""
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -113,6 +169,7 @@ class CaseResult:
     max: float
     passed: bool
     feedback: str = ""
+    trusted: bool = True  # False: a legacy case, whose verdict came from the student's kernel
 
 
 @dataclass
@@ -124,6 +181,7 @@ class CheckResult:
     score: float
     max: float
     rows: list[CaseResult] = field(default_factory=list)
+    seed: int | None = None  # the seed of the inputs, when a case draws random ones
     _printed: bool = field(default=False, repr=False, compare=False)
 
     @property
@@ -144,6 +202,9 @@ class CheckResult:
             lines.append(line)
         verdict = "all cases passed" if self.passed else "keep going"
         lines.append(f"  Score: {fmt_points(self.score)}/{fmt_points(self.max)} ({verdict})")
+        if not self.passed and self.seed is not None:
+            lines.append(f"  (random inputs drawn with seed={self.seed}; pass seed={self.seed} to "
+                         f"check to repeat them)")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +214,7 @@ class CheckResult:
             "title": self.title,
             "score": self.score,
             "max": self.max,
+            "seed": self.seed,
             "rows": [vars(row).copy() for row in self.rows],
         }
 
@@ -182,7 +244,15 @@ def register(*exercises: Exercise) -> None:
             raise ValueError(f"exercise id {exercise.id!r} is not of the form '4.1'")
         if not exercise.cases:
             raise ValueError(f"exercise {exercise.id} has no cases")
+        names = [case.name for case in exercise.cases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"exercise {exercise.id} has two cases with the same name")
         EXERCISES[exercise.id] = exercise
+
+
+def legacy_cases() -> list[tuple[str, str]]:
+    """``(exercise id, case name)`` of every registered old-style case (verdict in the kernel)."""
+    return [(e.id, c.name) for e in EXERCISES.values() for c in e.cases if c.legacy]
 
 
 def chapter_of(exercise_id: str) -> int:
@@ -196,7 +266,9 @@ def chapter_of(exercise_id: str) -> int:
 def _load_chapter(chapter: int) -> None:
     module = f"mlsys_lab.grading.ch{chapter:02d}"
     try:
-        importlib.import_module(module)
+        # ``__import__`` rather than importlib: under the grader this module runs as a private
+        # copy whose ``__import__`` loads the chapter from the source the grader sent.
+        __import__(module, fromlist=["__name__"])
     except ModuleNotFoundError as error:
         if error.name != module:  # the chapter module exists but one of its imports is missing
             raise
@@ -253,42 +325,78 @@ def _where_in_student_code(tb) -> str:
     return ""
 
 
+def describe_error(error: BaseException) -> str:
+    """How a failed case reports an exception from the student's code: type, message, line."""
+    if isinstance(error, SystemExit):
+        return f"your code called sys.exit({_short_repr.repr(error.code)})"
+    where = _where_in_student_code(error.__traceback__)
+    try:
+        text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    except Exception:  # the student's exception cannot print itself
+        text = ""
+    return f"raised {type(error).__name__}{': ' + text if text else ''}{where}"
+
+
 def _run_case(case: Case, answers: Sequence[Any]) -> CaseResult:
+    """Run a legacy case (verdict computed here, in the kernel)."""
     try:
         case.fn(*answers)
     except AssertionError as error:
         message = str(error) or case.feedback or "check failed"
-        return CaseResult(case.name, 0, case.points, False, message)
-    except (KeyboardInterrupt, SystemExit) as error:
-        # Ctrl-C (or the grader's interrupt) must stop the check; sys.exit() in an answer is a
-        # failure of that case only.
-        if isinstance(error, KeyboardInterrupt):
-            raise
-        message = f"your code called sys.exit({_short_repr.repr(error.code)})"
-        return CaseResult(case.name, 0, case.points, False, message)
-    except Exception as error:  # the student's code raised: report type and message only
-        where = _where_in_student_code(error.__traceback__)
-        text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        message = f"raised {type(error).__name__}{': ' + text if text else ''}{where}"
-        return CaseResult(case.name, 0, case.points, False, message)
-    return CaseResult(case.name, case.points, case.points, True, "")
+        return CaseResult(case.name, 0, case.points, False, message, trusted=False)
+    except KeyboardInterrupt:  # Ctrl-C (or the grader's interrupt) must stop the check
+        raise
+    except BaseException as error:  # the student's code raised (or called sys.exit)
+        return CaseResult(case.name, 0, case.points, False, describe_error(error), trusted=False)
+    return CaseResult(case.name, case.points, case.points, True, "", trusted=False)
 
 
-def run_cases(exercise_id: str, *answers: Any) -> CheckResult:
-    """Run every case of an exercise on the given answer object(s); print nothing."""
+def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """For probes: ``fn(*args, **kwargs)``, or a ``Raised`` record if it raised an exception.
+
+    Use it where raising is a legitimate answer (``mean([])`` must raise ``ValueError``); the
+    judge then tests ``isinstance(raw, Raised) and raw.is_a("ValueError")``. A refusal of the
+    guard is never turned into a value.
+    """
+    from mlsys_lab.grading.guard import OffLimitsError
+
+    try:
+        return fn(*args, **kwargs)
+    except OffLimitsError:
+        raise
+    except Exception as error:
+        return raised(error)
+
+
+def run_cases(exercise_id: str, *answers: Any, seed: int | None = None) -> CheckResult:
+    """Probe and judge every case of an exercise here, on the given answer object(s).
+
+    Prints nothing. The probes' results make the same round trip through the wire as under
+    the grader, so the judges see exactly what they would see there.
+    """
+    from mlsys_lab.grading.judge import judge_exercise
+    from mlsys_lab.grading.probe import run_exercise
+
     exercise = get_exercise(exercise_id)
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "little") % 1_000_000
     if len(answers) != len(exercise.targets):
         wanted = ", ".join(exercise.targets)
         message = f"check({exercise.id!r}, ...) expects {len(exercise.targets)} answer(s): {wanted}"
-        rows = [CaseResult(c.name, 0, c.points, False, message) for c in exercise.cases]
+        payload = run_exercise(exercise, message, seed)
     else:
-        rows = [_run_case(case, answers) for case in exercise.cases]
-    score = sum(row.points for row in rows)
-    return CheckResult(exercise.id, exercise.title, score, exercise.max_points, rows)
+        payload = run_exercise(exercise, answers, seed)
+    payload = json.loads(json.dumps(payload))
+    return judge_exercise(exercise, payload, seed)
 
 
-def check(exercise_id: str, *answer: Any) -> CheckResult:
+def check(exercise_id: str, *answer: Any, seed: int | None = None) -> CheckResult:
     """Check an answer in the notebook: print a per-case report and return the result.
+
+    Args:
+        exercise_id: the exercise, ``"4.1"``.
+        *answer: the object(s) the exercise grades, in the order of its ``target``.
+        seed: repeat a run's random inputs (a failing report shows its seed); default: fresh.
 
     Example:
         >>> check("0.1", square)          # doctest: +SKIP
@@ -296,7 +404,7 @@ def check(exercise_id: str, *answer: Any) -> CheckResult:
           ✓ square(3) == 9            1/1
           ...
     """
-    result = run_cases(exercise_id, *answer)
+    result = run_cases(exercise_id, *answer, seed=seed)
     print(result.report())
     result._printed = True
     return result
@@ -313,11 +421,11 @@ def _lookup(namespace: dict[str, Any], target: str) -> Any:
 
 
 def run_cases_json(exercise_id: str, namespace: dict[str, Any], marker: str = MARKER) -> dict:
-    """Grade the answer found in ``namespace`` and print it as one JSON line after ``marker``.
+    """Check the answer found in ``namespace`` here and print the result as one JSON line.
 
-    The grader calls this from a hidden cell in the student's kernel, with the notebook's
-    ``globals()``. It never raises for a bad answer: a missing name, a wrong answer or an
-    exception in the student's code all become failed cases with feedback.
+    The verdict is computed in this process (probe and judge both), so it is only as
+    trustworthy as the process; ``mlsys-lab grade`` does not use it. It never raises for a bad
+    answer: a missing name, a wrong answer or an exception all become failed cases.
     """
     try:
         exercise = get_exercise(exercise_id)
@@ -342,6 +450,15 @@ def run_cases_json(exercise_id: str, namespace: dict[str, Any], marker: str = MA
 # ----------------------------------------------------------------------------- helpers for cases
 
 
+def describe(value: Any) -> str:
+    """``"int 3"``, ``"Liar <Liar object>"``, ``"an exception (...)"``: for judges' messages."""
+    if isinstance(value, Opaque):
+        return f"{value.type_name} {value.text}"
+    if isinstance(value, Raised):
+        return f"an exception ({value})"
+    return f"{type(value).__name__} {_short_repr.repr(value)}"
+
+
 def expect_equal(actual: Any, expected: Any, what: str) -> None:
     """Assert ``actual == expected`` with a readable message.
 
@@ -350,9 +467,7 @@ def expect_equal(actual: Any, expected: Any, what: str) -> None:
     """
     if isinstance(expected, numbers.Number) and not isinstance(expected, bool):
         if isinstance(actual, bool) or not isinstance(actual, numbers.Number):
-            raise AssertionError(
-                f"{what} should be a number, got {type(actual).__name__} {_short_repr.repr(actual)}"
-            )
+            raise AssertionError(f"{what} should be a number, got {describe(actual)}")
         ok = bool(actual == expected)
     elif isinstance(expected, (list, tuple)):
         ok = isinstance(actual, (list, tuple)) and len(actual) == len(expected)
@@ -369,8 +484,6 @@ def expect_equal(actual: Any, expected: Any, what: str) -> None:
 def expect_close(actual: Any, expected: float, what: str, rel: float = 1e-9, abs_: float = 1e-12):
     """Assert a number is within tolerance of ``expected`` with a readable message."""
     if isinstance(actual, bool) or not isinstance(actual, numbers.Real):
-        raise AssertionError(
-            f"{what} should be a number, got {type(actual).__name__} {_short_repr.repr(actual)}"
-        )
+        raise AssertionError(f"{what} should be a number, got {describe(actual)}")
     if not math.isclose(float(actual), expected, rel_tol=rel, abs_tol=abs_):
         raise AssertionError(f"{what} returned {actual!r}, expected {expected!r}")

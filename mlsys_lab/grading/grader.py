@@ -1,25 +1,32 @@
 """Grade a student notebook by running it in its own kernel process.
 
 ``grade(path)`` starts a fresh Python kernel (cwd = the notebook's folder) and runs the notebook's
-code cells top to bottom with nbclient. After each answer cell (tagged ``answer:<id>``) it runs a
-hidden grading cell::
+code cells top to bottom with nbclient. Each exercise is graded where its public check cell
+(``check("4.1", ...)``) stands — with the notebook's namespace as it is there, so the last
+definition above the check counts, whichever cell holds it — or at the end of the notebook when
+it has no check cell. Grading an exercise has two halves:
 
-    import mlsys_lab.grading.checks as __mlsys_grading
-    __mlsys_grading.run_cases_json('4.1', globals(), '<random marker>');
+* **in the kernel, the probes**: a hidden cell runs the exercise's probes on the student's
+  objects and sends their raw results back (one display-data message carrying a secret marker
+  chosen for that step). The hidden cell does not import the grading code from the kernel's
+  ``sys.modules``: the grader sends the source of ``checks``, ``guard``, ``wire``, ``probe`` and
+  the chapter module, read before the kernel started, and the cell runs it as a private copy.
+  The forbidden-functions plan and the seed of the inputs come from the grader too.
+* **here, the judges**: the grader decodes the raw results (plain data; nothing is executed or
+  unpickled) and runs each case's judge in this process, against references it computes itself.
+  Points come from this process's registry. A step that sends no result, or more than one (a
+  fake result printed by the notebook), scores 0.
 
-which grades the answer with the checks registered in ``mlsys_lab.grading.chNN`` and prints one
-JSON line after a marker chosen at random for this run. The grader reads that line back from the
-cell's output. The checks keep their own references inside the package, and the hidden cell
-imports them under a private name, so a student redefining ``check``, ``json``, ``print`` or
-``mlsys_lab`` changes nothing. (This keeps honest mistakes from breaking grading; it is not a
-sandbox against a student who sets out to cheat.)
+Legacy cases (``Case(name, points, fn)``, verdict computed in the kernel) are still scored, from
+the private copy, but their rows say ``trusted: false``; convert them to probe/judge pairs.
 
 What can go wrong, and what the grader does:
 
 * an answer raises — the error is noted; the exercise is still checked (its cases fail).
 * a cell runs longer than ``cell_timeout`` — nbclient interrupts the kernel (KeyboardInterrupt)
   and the run carries on; if the cell ignores the interrupt, the kernel is killed a few seconds
-  later and handled as below. A check that times out scores 0 for that exercise.
+  later and handled as below. A check that times out scores 0 for that exercise, and so does an
+  exercise whose tagged answer cell timed out.
 * the kernel dies (``os._exit``, a crash, ``exit()``) — the kernel process group is killed, a
   fresh kernel is started, the cells that ran before are replayed without grading (skipping the
   one that killed it and any that timed out), and grading carries on. After ``max_restarts``
@@ -29,12 +36,13 @@ What can go wrong, and what the grader does:
 * huge output — at most ``max_output`` characters of each cell's output are kept.
 
 The maximum score comes from the registered checks of every chapter the notebook refers to (its
-answer tags, its ``metadata.mlsys_lab.chapter`` and its file name), so an exercise whose answer
-cell was deleted, or whose check never ran, still counts: 0 of its maximum.
+answer tags and check cells, its ``metadata.mlsys_lab.chapter`` and its file name), so an
+exercise whose cells were deleted, or whose check never ran, still counts: 0 of its maximum.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -51,7 +59,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from mlsys_lab.grading.builder import answer_id, chapter_from_filename
+from mlsys_lab.grading.builder import answer_id, chapter_from_filename, check_ids
 from mlsys_lab.grading.checks import (
     Exercise,
     UnknownExerciseError,
@@ -60,13 +68,57 @@ from mlsys_lab.grading.checks import (
     fmt_points,
     get_exercise,
 )
+from mlsys_lab.grading.guard import plan_for
+from mlsys_lab.grading.judge import judge_exercise
+from mlsys_lab.grading.probe import MIME
+from mlsys_lab.grading.wire import MAX_BYTES
 
 __all__ = ["ExerciseGrade", "GradeReport", "grade"]
 
-_GRADE_CELL = (
-    "import mlsys_lab.grading.checks as __mlsys_grading\n"
-    "__mlsys_grading.run_cases_json({exercise!r}, globals(), {marker!r});"
-)
+# The hidden cell. It loads the grading modules from the source in ``bundle`` into private
+# module objects (never registered in sys.modules) whose imports of each other resolve to the
+# private copies, then runs the probes and publishes the payload.
+_BOOTSTRAP = """\
+def __mlsys_lab_probe(bundle, exercise, seed, marker, plan):
+    import builtins as B  # every builtin through B: the notebook may shadow the names
+    real_import = B.__import__
+    private = {{}}
+
+    def load(name):
+        if name not in private:
+            filename, source = bundle[name]
+            module = private[name] = B.type(B)(name)
+            module.__file__ = filename
+            module.__package__ = name.rpartition(".")[0]
+            module.__builtins__ = B.dict(B.vars(B), __import__=private_import)
+            B.exec(B.compile(source, filename, "exec"), module.__dict__)
+        return private[name]
+
+    def private_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level:
+            package = (globals or {{}}).get("__package__") or ""
+            base = package.rsplit(".", level - 1)[0] if level > 1 else package
+            name = base + "." + name if name else base
+        if fromlist and name in bundle:
+            return load(name)
+        wanted = [item for item in fromlist or () if name + "." + item in bundle]
+        if wanted:
+            package = B.type(B)(name)
+            for item in wanted:
+                B.setattr(package, item, load(name + "." + item))
+            return package
+        return real_import(name, globals, locals, fromlist, 0)
+
+    load("mlsys_lab.grading.probe").emit(exercise, B.globals(), seed, marker, plan)
+
+
+try:
+    __mlsys_lab_probe({bundle!r}, {exercise!r}, {seed!r}, {marker!r}, {plan!r})
+finally:
+    del __mlsys_lab_probe
+"""
+_CORE = ("checks", "wire", "guard", "probe")
+_GRADING_DIR = Path(__file__).resolve().parent
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 _quiet = logging.getLogger("mlsys_lab.grading.kernel")
 _quiet.addHandler(logging.NullHandler())
@@ -86,6 +138,7 @@ class ExerciseGrade:
     max: float
     feedback: str
     cases: list[dict[str, Any]] = field(default_factory=list)
+    seed: int | None = None  # the probes' random inputs: check(..., seed=N) repeats them
 
 
 @dataclass
@@ -148,11 +201,10 @@ class GradeReport:
 
 
 class _Client(NotebookClient):
-    """An nbclient that caps each cell's output, spots marker lines, and records timeouts."""
+    """An nbclient that caps each cell's output, collects probe payloads, records timeouts."""
 
-    def __init__(self, nb, marker: str, max_output: int, **kwargs):
+    def __init__(self, nb, max_output: int, **kwargs):
         super().__init__(nb, **kwargs)
-        self.marker = marker
         self.max_output = max_output
         self.limit: float = 60.0
         self.begin_step()
@@ -160,8 +212,7 @@ class _Client(NotebookClient):
     def begin_step(self) -> None:
         self.kept = 0
         self.dropped = 0
-        self.partial = ""
-        self.marker_lines: list[str] = []
+        self.payloads: list[Any] = []
         self.timed_out = False
 
     def _get_timeout(self, cell):  # nbclient asks this for each cell's time limit
@@ -171,18 +222,14 @@ class _Client(NotebookClient):
         self.timed_out = True
         return await super()._async_handle_timeout(timeout, cell)
 
-    def _scan(self, text: str) -> None:
-        lines = (self.partial + text).split("\n")
-        self.partial = lines.pop()[-100_000:]  # an unfinished line; bounded, whatever is printed
-        for line in lines:
-            if self.marker in line:
-                self.marker_lines.append(line[line.index(self.marker) + len(self.marker) :])
-
     def output(self, outs, msg, display_id, cell_index):
         content = msg.get("content", {})
+        data = content.get("data")
+        if isinstance(data, dict) and MIME in data:  # a probe payload: keep it, never show it
+            self.payloads.append(data[MIME])
+            return None
         if msg["msg_type"] == "stream":
             text = content.get("text", "")
-            self._scan(text)
             room = self.max_output - self.kept
             if len(text) > room:
                 self.dropped += len(text) - max(room, 0)
@@ -195,9 +242,6 @@ class _Client(NotebookClient):
             return None
         return super().output(outs, msg, display_id, cell_index)
 
-    def finish_step(self) -> None:
-        self._scan("\n")
-
 
 @dataclass
 class _Step:
@@ -207,7 +251,9 @@ class _Step:
     exercise: str | None = None  # the answer's id for an answer cell / the id to grade
     status: str = "pending"  # ok, error, timeout, died, skipped
     error: str = ""
-    result: dict[str, Any] | None = None
+    marker: str = ""  # grade steps: the secret the payload must carry
+    seed: int = 0  # grade steps: the seed of the probes' inputs
+    payloads: list[Any] = field(default_factory=list)
 
 
 def _cell(step: _Step) -> str:
@@ -227,8 +273,10 @@ def _kill_group(pgid: int | None) -> None:
 class _Run:
     """One grading run: the steps, the current kernel, the clock."""
 
-    def __init__(self, nb, folder: Path, cell_timeout, timeout, max_output, max_restarts, kernel):
+    def __init__(self, nb, folder: Path, cell_timeout, timeout, max_output, max_restarts, kernel,
+                 prepared: dict[str, tuple[dict, dict]]):
         self.nb = nb
+        self.prepared = prepared  # exercise id -> (bundle, guard plan), made before the kernel
         self.folder = folder
         self.cell_timeout = float(cell_timeout)
         self.deadline = time.monotonic() + float(timeout)
@@ -236,7 +284,6 @@ class _Run:
         self.max_output = max_output
         self.restarts_left = max_restarts
         self.kernel_name = kernel
-        self.marker = f"__MLSYS_GRADE_{secrets.token_hex(8)}__"
         self.client: _Client | None = None
         self.pgid: int | None = None
         self.notes: list[str] = []
@@ -250,7 +297,6 @@ class _Run:
     def start_kernel(self) -> None:
         client = _Client(
             self.nb,
-            marker=self.marker,
             max_output=self.max_output,
             kernel_name=self.kernel_name,
             allow_errors=True,
@@ -303,7 +349,11 @@ class _Run:
         client.begin_step()
         source = step.source
         if step.kind == "grade":
-            source = _GRADE_CELL.format(exercise=step.exercise, marker=self.marker)
+            bundle, plan = self.prepared[step.exercise]
+            step.marker = secrets.token_hex(16)  # fresh for each step: unknown until it runs
+            step.seed = secrets.randbelow(1_000_000)
+            source = _BOOTSTRAP.format(bundle=bundle, exercise=step.exercise, seed=step.seed,
+                                       marker=step.marker, plan=plan)
         cell = nbformat.v4.new_code_cell(source)
         # If the interrupt does not stop the cell (the code swallows KeyboardInterrupt, or sits
         # in C code), kill the kernel a little later; at the wall-clock deadline, kill it anyway.
@@ -327,7 +377,6 @@ class _Run:
             step.error = f"{type(error).__name__}: {error}"
         finally:
             watchdog.cancel()
-        client.finish_step()
         if step.status != "died":
             errors = [o for o in cell.outputs if o.get("output_type") == "error"]
             if client.timed_out:
@@ -353,11 +402,8 @@ class _Run:
                 f"{where}: output too long, kept the first {self.max_output:,} "
                 f"characters (dropped {client.dropped:,})"
             )
-        if step.kind == "grade" and client.marker_lines:
-            try:
-                step.result = json.loads(client.marker_lines[-1])
-            except ValueError:
-                step.result = None
+        if step.kind == "grade":
+            step.payloads = list(client.payloads)
 
     def replay(self, steps: list[_Step]) -> bool:
         """Re-run the student cells that ran before (not the fatal or timed-out ones)."""
@@ -375,20 +421,32 @@ class _Run:
 
 
 def _is_public_check_cell(source: str) -> bool:
-    """True for a cell that only calls ``check(...)`` (the grader runs its own checks)."""
+    """True for a cell that only calls ``check(...)`` (the grader runs its own checks there)."""
     lines = [ln.strip() for ln in source.splitlines()]
     lines = [ln for ln in lines if ln and not ln.startswith("#")]
     return bool(lines) and all(ln.startswith("check(") for ln in lines)
 
 
-def _expected_exercises(nb, path: Path, tagged: list[str], notes: list[str]) -> list[Exercise]:
+def _mentioned(nb) -> list[str]:
+    """Exercise ids the notebook names: answer tags and check cells, in order."""
+    found: list[str] = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for ex_id in [answer_id(cell), *check_ids(cell.source)]:
+            if ex_id and ex_id not in found:
+                found.append(ex_id)
+    return found
+
+
+def _expected_exercises(nb, path: Path, mentioned: list[str], notes: list[str]) -> list[Exercise]:
     chapters = set()
     meta_chapter = nb.metadata.get("mlsys_lab", {}).get("chapter")
     if isinstance(meta_chapter, int):
         chapters.add(meta_chapter)
     if chapter_from_filename(path) is not None:
         chapters.add(chapter_from_filename(path))
-    for ex_id in tagged:
+    for ex_id in mentioned:
         try:
             chapters.add(chapter_of(ex_id))
         except UnknownExerciseError:
@@ -400,28 +458,68 @@ def _expected_exercises(nb, path: Path, tagged: list[str], notes: list[str]) -> 
                 found[exercise.id] = exercise
         except Exception as error:  # a chapter module that fails to import: say so, carry on
             notes.append(f"could not load the checks of chapter {chapter}: {error!r}")
-    for ex_id in tagged:
+    for ex_id in mentioned:
         if ex_id in found:
             continue
         try:
             found[ex_id] = get_exercise(ex_id)
         except Exception as error:
-            notes.append(f"answer:{ex_id} is not a known exercise ({error}); not graded")
+            notes.append(f"{ex_id} is not a known exercise ({error}); not graded")
     return list(found.values())
 
 
-def _plan(nb) -> list[_Step]:
+def _plan(nb, graded: list[str]) -> list[_Step]:
+    """The steps: every code cell in order, each exercise graded at its last check cell (the
+    public check cell itself is not run), or at the end of the notebook if it has none."""
+    at: dict[str, int] = {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            for ex_id in check_ids(cell.source):
+                if ex_id in graded:
+                    at[ex_id] = index
     steps: list[_Step] = []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or not cell.source.strip():
             continue
-        if _is_public_check_cell(cell.source):
-            continue
-        ex_id = answer_id(cell)
-        steps.append(_Step("student", index, cell.source, ex_id))
-        if ex_id is not None:
-            steps.append(_Step("grade", index, "", ex_id))
+        here = [ex_id for ex_id in dict.fromkeys(check_ids(cell.source)) if at.get(ex_id) == index]
+        if not _is_public_check_cell(cell.source):
+            steps.append(_Step("student", index, cell.source, answer_id(cell)))
+        steps.extend(_Step("grade", index, "", ex_id) for ex_id in here)
+    end = len(nb.cells)
+    steps.extend(_Step("grade", end, "", ex_id) for ex_id in graded if ex_id not in at)
     return steps
+
+
+def _source_of(module: str) -> tuple[str, str]:
+    path = _GRADING_DIR / f"{module.rsplit('.', 1)[-1]}.py"
+    return str(path), path.read_text(encoding="utf-8")
+
+
+def _grading_imports(source: str) -> set[str]:
+    """The ``mlsys_lab.grading.*`` modules a module's source imports."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            name = node.module if not node.level else f"mlsys_lab.grading.{node.module}"
+            if name.startswith("mlsys_lab.grading."):
+                found.add(name)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("mlsys_lab.grading."))
+    return found
+
+
+def _prepare(exercise: Exercise) -> tuple[dict, dict]:
+    """What the hidden cell needs: the grading modules' source, and the guard plan."""
+    todo = [f"mlsys_lab.grading.{name}" for name in _CORE]
+    todo.append(f"mlsys_lab.grading.ch{chapter_of(exercise.id):02d}")
+    bundle: dict[str, tuple[str, str]] = {}
+    while todo:
+        name = todo.pop()
+        if name in bundle:
+            continue
+        bundle[name] = _source_of(name)
+        todo.extend(_grading_imports(bundle[name][1]))
+    return bundle, plan_for(exercise)
 
 
 # ----------------------------------------------------------------------------- grading
@@ -436,11 +534,11 @@ def grade(
     max_restarts: int = 2,
     kernel_name: str = "python3",
 ) -> GradeReport:
-    """Run a notebook in a fresh kernel and grade every exercise it answers.
+    """Run a notebook in a fresh kernel and grade every exercise of its chapter(s).
 
     Args:
         path: the student's ``.ipynb``.
-        cell_timeout: seconds one cell (or one exercise's checks) may run before it is
+        cell_timeout: seconds one cell (or one exercise's probes) may run before it is
             interrupted.
         timeout: seconds for the whole notebook; then the kernel is killed and what was graded
             so far is kept.
@@ -462,18 +560,21 @@ def grade(
         report.elapsed = time.monotonic() - started
         return report
 
-    steps = _plan(nb)
-    tagged = [s.exercise for s in steps if s.kind == "grade"]
-    expected = _expected_exercises(nb, path, tagged, report.notes)
-    known = {e.id for e in expected}
-    steps = [s for s in steps if s.kind == "student" or s.exercise in known]
-    for ex_id in sorted(set(x for x in tagged if tagged.count(x) > 1)):
-        report.notes.append(f"exercise {ex_id} has several answer cells; the last one counts")
+    expected = _expected_exercises(nb, path, _mentioned(nb), report.notes)
+    prepared, outcome = {}, {}  # outcome: exercise id -> why it has no result (when it has none)
+    for exercise in expected:
+        try:
+            prepared[exercise.id] = _prepare(exercise)
+        except Exception as error:  # a broken check module or forbidden spec: the teacher's bug
+            why = f"the checks of {exercise.id} could not be prepared: {type(error).__name__}"
+            report.notes.append(f"{why}: {error}")
+            outcome[exercise.id] = why
+    steps = _plan(nb, [e.id for e in expected if e.id in prepared])
 
     run = _Run(
-        nb, path.resolve().parent, cell_timeout, timeout, max_output, max_restarts, kernel_name
+        nb, path.resolve().parent, cell_timeout, timeout, max_output, max_restarts, kernel_name,
+        prepared,
     )
-    outcome: dict[str, str] = {}  # exercise id -> why it has no result (when it has none)
     try:
         _execute_all(run, steps, outcome)
     except Exception as error:  # never crash: whatever happened, report what was graded
@@ -482,15 +583,45 @@ def grade(
         run.stop_kernel()
     report.notes.extend(run.notes)
 
-    results: dict[str, tuple[dict | None, str]] = {}
+    results: dict[str, tuple[Any, str]] = {}
+    by_id = {e.id: e for e in expected}
     for step in steps:
         if step.kind == "grade" and step.status != "pending":
-            results[step.exercise] = (step.result, outcome.get(step.exercise, _why(step, run)))
+            if step.exercise in outcome:
+                results[step.exercise] = (None, outcome[step.exercise])
+                continue
+            payload, why = _payload(step)
+            if payload is None:
+                results[step.exercise] = (None, why or _why(step, run))
+            elif "error" in payload:
+                results[step.exercise] = (None, str(payload["error"]))
+            else:
+                results[step.exercise] = (judge_exercise(by_id[step.exercise], payload,
+                                                         step.seed), "")
     for ex_id, why in outcome.items():
         results.setdefault(ex_id, (None, why))
     _add_rows(report, expected, results)
     report.elapsed = time.monotonic() - started
     return report
+
+
+def _payload(step: _Step) -> tuple[dict | None, str]:
+    """The one payload a grade step sent, or None and why (none, several, forged)."""
+    if not step.payloads:
+        return None, ""
+    if len(step.payloads) > 1:
+        return None, ("the check's result arrived more than once (the notebook sent a fake "
+                      "one?); the check cannot trust either")
+    text = step.payloads[0]
+    if not isinstance(text, str) or len(text) > 2 * MAX_BYTES:
+        return None, "the check's result was malformed"
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        return None, "the check's result was malformed"
+    if not isinstance(payload, dict) or payload.get("marker") != step.marker:
+        return None, "the check's result did not come from the grader (wrong marker)"
+    return payload, ""
 
 
 def _why(step: _Step, run: _Run) -> str:
@@ -505,7 +636,7 @@ def _why(step: _Step, run: _Run) -> str:
         return "not checked"
     if step.error:
         return f"the check could not run ({step.error})"
-    return "the check printed no result"
+    return "the check sent no result"
 
 
 def _execute_all(run: _Run, steps: list[_Step], outcome: dict[str, str]) -> None:
@@ -521,13 +652,18 @@ def _execute_all(run: _Run, steps: list[_Step], outcome: dict[str, str]) -> None
                 f"{_cell(step)}: the exercises from here on were not graded"
             )
             break
+        if step.kind == "grade" and step.exercise in outcome:  # its answer cell already failed
+            step.status = "skipped"
+            i += 1
+            continue
         if run.client is None and not _restart(run, steps[:i]):
             _skip_rest(steps[i:], outcome, "not run: the kernel died earlier")
             return
         run.execute(step)
         answer = step.exercise if step.kind == "student" else None
         if run.wall_clock_hit:
-            outcome[step.exercise] = "not finished: the notebook hit the wall-clock timeout"
+            if step.exercise:
+                outcome[step.exercise] = "not finished: the notebook hit the wall-clock timeout"
             run.notes.append(
                 f"wall-clock timeout ({fmt_points(run.timeout)} s) in {_cell(step)}:"
                 " the kernel was killed; the exercises after it were not graded"
@@ -535,7 +671,7 @@ def _execute_all(run: _Run, steps: list[_Step], outcome: dict[str, str]) -> None
         elif step.status == "timeout" and step.kind == "student":
             run.notes.append(f"{_cell(step)} timed out after {limit} and was interrupted")
             if answer:  # an answer cell that never finishes scores 0
-                i = _fail_answer(steps, i, outcome, f"your answer cell timed out after {limit}")
+                outcome.setdefault(answer, f"your answer cell timed out after {limit}")
         elif step.status == "error" and answer:
             run.notes.append(f"answer {answer} ({_cell(step)}) raised {step.error}")
         elif step.status == "died":
@@ -545,19 +681,10 @@ def _execute_all(run: _Run, steps: list[_Step], outcome: dict[str, str]) -> None
                 why = "the kernel died while running your answer cell"
                 if step.error.startswith("it ignored"):
                     why = f"your answer cell timed out after {limit}; {step.error}"
-                i = _fail_answer(steps, i, outcome, why)
+                outcome.setdefault(answer, why)
         i += 1
     if run.wall_clock_hit:
         _skip_rest(steps[i:], outcome, "not run: the notebook hit the wall-clock timeout")
-
-
-def _fail_answer(steps: list[_Step], i: int, outcome: dict[str, str], why: str) -> int:
-    """Score the answer at ``steps[i]`` 0 without checking it; return the index to carry on from."""
-    outcome[steps[i].exercise] = why
-    if i + 1 < len(steps) and steps[i + 1].kind == "grade":
-        steps[i + 1].status = "skipped"
-        return i + 1
-    return i
 
 
 def _restart(run: _Run, done: list[_Step]) -> bool:
@@ -593,36 +720,27 @@ def _skip_rest(steps: list[_Step], outcome: dict[str, str], why: str) -> None:
 def _add_rows(report: GradeReport, expected: list[Exercise], results: dict) -> None:
     for exercise in expected:
         result, why = results.get(exercise.id, (None, None))
-        if result is None or "rows" not in result:
-            if why is None:
-                why = f"no answer cell tagged answer:{exercise.id} was found"
-            elif result and "error" in result:
-                why = result["error"]
+        if result is None:
+            why = why or f"no check of {exercise.id} ran"
             report.rows.append(
                 ExerciseGrade(exercise.id, exercise.title, 0, exercise.max_points, why)
             )
             continue
-        rows = result["rows"]
-        # Points come from the grader's own registry, not from what the kernel printed.
-        maxima = {case.name: case.points for case in exercise.cases}
-        points = sum(
-            min(float(r.get("points", 0)), maxima.get(r.get("name"), 0))
-            for r in rows
-            if r.get("passed") is True
-        )
+        rows = [vars(row).copy() for row in result.rows]
         report.rows.append(
-            ExerciseGrade(
-                exercise.id, exercise.title, points, exercise.max_points, _summary(rows), rows
-            )
+            ExerciseGrade(exercise.id, exercise.title, result.score, exercise.max_points,
+                          _summary(rows), rows, result.seed)
         )
 
 
 def _summary(rows: list[dict]) -> str:
     """One line of feedback for an exercise: which cases failed and why."""
+    legacy = " [legacy checks: verdict from the kernel]" if any(
+        r.get("trusted") is False for r in rows) else ""
     failed = [r for r in rows if not r.get("passed")]
     if not failed:
-        return f"all {len(rows)} cases passed"
+        return f"all {len(rows)} cases passed{legacy}"
     messages = {r.get("feedback", "") for r in failed}
     if len(failed) > 1 and len(messages) == 1:  # e.g. every case hit the same stub
-        return f"{len(failed)} of {len(rows)} cases failed: {messages.pop()}"
-    return "; ".join(f"{r.get('name')}: {r.get('feedback', '')}" for r in failed)
+        return f"{len(failed)} of {len(rows)} cases failed: {messages.pop()}{legacy}"
+    return "; ".join(f"{r.get('name')}: {r.get('feedback', '')}" for r in failed) + legacy
