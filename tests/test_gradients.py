@@ -230,3 +230,18 @@ def test_hessian_of_a_quadratic_is_exact():
 
     for e in np.eye(2):
         np.testing.assert_allclose(np.asarray(ml.hvp(f, [np.zeros(2)], [e])[0]), A @ e)
+
+
+def test_grad_graph_refuses_an_op_without_gradient_rule():
+    """A fused backend op has no VJP: differentiating through it must raise, not give zeros."""
+    from mlsys_lab.engine.passes import default_pipeline, run_pipeline
+
+    x, w = np.ones((2, 3), np.float32), np.ones((3, 4), np.float32)
+    g = ml.trace(lambda x, w: ml.ops.sum(ml.ops.tanh(x @ w) * 2.0 + 1.0), x, w)
+    fused = run_pipeline(g, default_pipeline()).graph
+    assert "fused_elementwise" in [n.op for n in fused.nodes]
+    with pytest.raises(ml.GraphError, match="no gradient rule"):
+        ml.grad_graph(fused)
+    # sign is flat: its rule contributes nothing, so the gradient through it is exactly zero
+    _, gx = ml.grad_graph(ml.trace(lambda x: ml.ops.sum(ml.ops.sign(x) * x), x))(x)
+    np.testing.assert_array_equal(np.asarray(gx), np.ones_like(x))

@@ -217,7 +217,10 @@ RELU = _defop("relu", _relu_np, _unary_any, lambda g, xs, y, n: (relu_grad(g, y)
               lambda ts, xs, y: relu_grad(ts[0], y), elementwise=True)
 ABS = _defop("abs", np.abs, _unary_any, lambda g, xs, y, n: (g * sign(xs[0]),),
              lambda ts, xs, y: ts[0] * sign(xs[0]), elementwise=True)
-SIGN = _defop("sign", np.sign, _unary_any, elementwise=True)
+# sign is flat almost everywhere: its rules say "no gradient" (zero) rather than being absent,
+# so a graph transform can tell it from an op that has no rule at all.
+SIGN = _defop("sign", np.sign, _unary_any, lambda g, xs, y, n: (None,), lambda ts, xs, y: None,
+              elementwise=True)
 
 
 # --- where and cast ---------------------------------------------------------------------------

@@ -30,7 +30,9 @@ def _reverse(graph, env, seeds, wrt):
             continue
         op = get(n.op)
         if op.vjp is None:
-            continue
+            where = f" (at {n.source})" if n.source else ""
+            raise GraphError(f"grad_graph: node #{n.id} {n.op}{where} has no gradient rule; "
+                             f"differentiate the traced graph before backend passes rewrite it")
         ins = [env[id(v)] for v in n.inputs]
         needs = tuple(id(v) in useful and dtypes.is_float(v.dtype) for v in n.inputs)
         gs = op.vjp(g, ins, env[id(out)], needs, **n.attrs)
