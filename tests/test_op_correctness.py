@@ -385,6 +385,7 @@ JVP_CASES = {
     "relu": (O.relu, lambda: [_away(3, 4)], (0,)),
     "relu_grad": (ops_math.relu_grad, lambda: [_rnd(3, 4), _away(3, 4)], (0,)),
     "abs": (O.abs, lambda: [_away(3, 4)], (0,)),
+    "sign": (O.sign, lambda: [_away(3, 4)], (0,)),  # flat: both rules give zero
     "where": (lambda a, b: O.where(_COND, a, b), lambda: [_rnd(3, 4), _rnd(4)], (0, 1)),
     "cast": (lambda a: O.cast(a, "float64") * 3.0, lambda: [_rnd(4)], (0,)),
     "identity": (O.identity, lambda: [_rnd(3)], (0,)),
