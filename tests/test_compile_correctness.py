@@ -1,8 +1,11 @@
 """ml.compile gives what eager mode gives: impure ops, static arguments, CSE keys, generated
 elementwise kernels measured in ulps, exact algebraic rewrites, and library errors."""
 
+import re
+
 import numpy as np
 import pytest
+from numpy.lib.introspect import opt_func_info
 
 import mlsys_lab as ml
 from mlsys_lab import ops
@@ -16,7 +19,7 @@ from mlsys_lab.engine.passes import (
     dead_code_elimination,
     run_pipeline,
 )
-from mlsys_lab.engine.passes.fusion import TEMPLATES, fused_elementwise_into
+from mlsys_lab.engine.passes.fusion import TEMPLATES, compile_kernel, fused_elementwise_into
 from mlsys_lab.engine.passes.testing import ulp_distance
 from mlsys_lab.engine.registry import REGISTRY, AVal, Op, get, register
 from mlsys_lab.engine.tensor import apply
@@ -195,7 +198,7 @@ MAX_ULP = 4
 FUSED_OPS = sorted(op for op in TEMPLATES if op in REGISTRY and get(op).elementwise)
 
 
-def _assert_matches_eager(got, want, exact, what):
+def _assert_matches_eager(got, want, exact, what, max_ulp=MAX_ULP):
     assert got.dtype == want.dtype, what
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{what}: NaN positions")
     ok = ~np.isnan(want)
@@ -209,7 +212,7 @@ def _assert_matches_eager(got, want, exact, what):
                                   err_msg=f"{what}: sign of zero")
     ulps = ulp_distance(got, want)
     worst = int(np.argmax(ulps))
-    assert ulps.max() <= MAX_ULP, f"{what}: {ulps.max()} ulp at element {worst} " \
+    assert ulps.max() <= max_ulp, f"{what}: {ulps.max()} ulp at element {worst} " \
         f"(got {got[worst]!r}, eager {want[worst]!r})"
 
 
@@ -253,6 +256,76 @@ def test_compiled_tanh_and_sigmoid_saturate_as_eager():
         for got, w in zip(c(x), want):
             np.testing.assert_array_max_ulp(got, w, maxulp=MAX_ULP)
     assert c(x)[0][0] == 3.0 and c(x)[1][1] == pytest.approx(2.0611537, rel=1e-6)
+
+
+#: Where the generated tanh / sigmoid switch formula or clamp, where eager saturates (numpy's
+#: float32 tanh from 10, its float64 tanh from 18.99; correctly rounded from 9.0109 / 19.0615)
+#: and where eager's sigmoid turns subnormal or 0.
+BRANCH_POINTS = {
+    F32: [2.0**-14, 2.0**-12, 1.0, 9.010914, 9.5, 10.0, 87.33655, 88.72284, 103.97208, 104.0],
+    F64: [2.0**-28, 2.0**-26, 1.0, 18.990341103219276, 19.061547465398498, 20.0, 708.39642,
+          709.78271, 745.13322, 746.0],
+}
+
+
+def _whole_range(dt):
+    """float32: every 1021st bit pattern (4.2 million values: every exponent, both signs, NaNs,
+    infinities, subnormals); float64: 2 million random bit patterns and 2 million values in
+    [-30, 30]; both: the specials and every float within 16 ulp of each branch point."""
+    ints = np.dtype(f"i{np.dtype(dt).itemsize}")
+    if dt == F32:
+        grid = np.arange(-2**31, 2**31, 1021, dtype=np.int64).astype(ints).view(dt)
+    else:
+        rng = np.random.default_rng(7)
+        grid = np.concatenate([rng.integers(np.iinfo(ints).min, np.iinfo(ints).max, 2 * 10**6,
+                                            dtype=ints).view(dt), rng.uniform(-30, 30, 2 * 10**6)])
+    bits = np.array(BRANCH_POINTS[dt], dt).view(ints)
+    near = (bits[:, None] + np.arange(-16, 17, dtype=ints)).ravel().view(dt)
+    return np.concatenate([_specials(dt), grid, near, -near])
+
+
+#: numpy runs its own float32 exp kernel, which the generated sigmoid replays operation for
+#: operation, where its exp loop is dispatched to AVX2 or AVX-512 (x86-64); elsewhere it calls
+#: libm's expf, up to 2.5 ulp away from that kernel.
+NUMPY_SIMD_EXP = any(isa in opt_func_info(func_name="^exp$", signature="float32")["exp"]["ff"][
+    "current"] for isa in ("X86_V3", "X86_V4", "AVX2", "AVX512"))
+
+
+@pytest.mark.parametrize("dt", [F32, F64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["tanh", "sigmoid"])
+def test_generated_tanh_and_sigmoid_within_2_ulp_of_eager_over_the_whole_range(op, dt):
+    x = _whole_range(dt)
+    want = eager(op, [x])
+    got = np.empty_like(want)
+    fused_elementwise_into(got, x, program=((op, (0,)),))
+    max_ulp = MAX_ULP if (op, dt) == ("sigmoid", F32) and not NUMPY_SIMD_EXP else 2
+    _assert_matches_eager(got, want, False, f"fused {op} {np.dtype(dt).name}", max_ulp)
+    saturated = np.isin(want, [-1.0, 0.0, 1.0])  # exactly where eager is
+    np.testing.assert_array_equal(got[saturated], want[saturated])
+    if op == "tanh":  # and ±0 -> ±0, tiny x -> x, within 1 ulp of the correctly rounded value
+        tiny = np.abs(x) < np.finfo(dt).eps
+        bits = f"u{got.itemsize}"
+        np.testing.assert_array_equal(got[tiny].view(bits), x[tiny].view(bits))
+        if dt == F32:
+            with np.errstate(invalid="ignore"):
+                exact = np.tanh(x.astype(F64)).astype(F32)
+            assert np.nanmax(ulp_distance(got, exact)) <= 1
+
+
+@pytest.mark.parametrize("dt", [F32, F64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["tanh", "sigmoid"])
+def test_generated_tanh_and_sigmoid_vectorise(op, dt):
+    """The loop must vectorise (no libm call per element), and float32 must compute in float32
+    (8 or 16 lanes per AVX register rather than 4 or 8 of float64)."""
+    program = (("mul", (0, 1)), (op, (2,)))
+    x = np.linspace(-3, 3, 64, dtype=dt)
+    fused_elementwise_into(np.empty_like(x), x, np.array(2, dt), program=program)
+    ir = "\n".join(compile_kernel(program, ("a", "s"), dt).inspect_llvm().values())
+    kind = "float" if dt == F32 else "double"
+    assert re.search(rf"fdiv (\w+ )*<\d+ x {kind}>", ir), "no vector division: not vectorised"
+    assert not re.search(r"fdiv (\w+ )*<\d+ x double>", ir) or dt == F64
+    libm = sorted(set(re.findall(r"call [^@\n]*@(tanhf?|expf?|exp2f?)\b", ir)))
+    assert not libm, f"calls libm {libm} per element"
 
 
 # --- algebraic rewrites are exact ----------------------------------------------------------------
