@@ -23,6 +23,7 @@ from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor
 from .engine.trace import trace  # noqa: E402
 from .engine.transform import grad_graph  # noqa: E402
 from .errors import (  # noqa: E402
+    ArgumentError,
     CheckpointError,
     CycleError,
     DTypeError,
@@ -32,15 +33,16 @@ from .errors import (  # noqa: E402
     OpError,
     OutOfMemoryError,
     PlanError,
+    RankError,
     ShapeError,
     TapeError,
     TraceError,
 )
 
 __all__ = [
-    "CheckpointError", "CycleError", "DTypeError", "DTypeOverflowError", "Graph", "GraphError",
-    "MLSysError", "OpError", "OutOfMemoryError", "PlanError", "ShapeError", "TapeError", "Tensor",
-    "TraceError", "bool_", "compile", "compile_train_step",
+    "ArgumentError", "CheckpointError", "CycleError", "DTypeError", "DTypeOverflowError", "Graph",
+    "GraphError", "MLSysError", "OpError", "OutOfMemoryError", "PlanError", "RankError",
+    "ShapeError", "TapeError", "Tensor", "TraceError", "bool_", "compile", "compile_train_step",
     "enable_grad", "float16", "float32", "float64", "grad", "grad_graph", "gradients", "hvp",
     "int32", "int64", "is_grad_enabled", "jvp", "no_grad", "ones", "ops", "randn",
     "tape_to_graph", "tensor", "trace", "uint8", "value_and_grad", "vjp", "zeros",

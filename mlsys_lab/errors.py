@@ -17,6 +17,19 @@ class DTypeError(MLSysError, TypeError):
     """Operands have dtypes an op cannot accept."""
 
 
+class RankError(ShapeError, TypeError):
+    """A tensor of the wrong rank or size where Python needs a number or a sequence:
+    ``float()``, ``int()``, ``bool()`` or ``.item()`` of a tensor with more than one element,
+    ``len()`` or ``iter()`` of a 0-d tensor. Also a TypeError, which Python's protocols (and
+    numpy) raise there."""
+
+
+class ArgumentError(MLSysError, ValueError):
+    """An argument that is not a tensor has a value the call cannot take: a position out of
+    range (``argnums``, ``wrt``), a probability outside [0, 1], a seed outside the generator's
+    range, a count that does not match another argument's."""
+
+
 class GraphError(MLSysError, RuntimeError):
     """A graph is malformed (not SSA, cyclic, mistyped) or was used in a way it cannot be."""
 

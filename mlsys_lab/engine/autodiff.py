@@ -10,10 +10,10 @@ import functools
 
 import numpy as np
 
-from ..errors import DTypeError, GraphError, ShapeError
+from ..errors import ArgumentError, DTypeError, GraphError, ShapeError
 from . import dtypes
 from .ops_math import cast
-from .ops_shape import IDENTITY
+from .ops_shape import IDENTITY, as_int
 from .pytree import flatten, unflatten
 from .tensor import MODE, Tensor, apply, as_tensor, enable_grad, no_grad, zeros_like
 
@@ -104,10 +104,12 @@ def _seed(out, grad):
             raise ShapeError(f"backward: the output has shape {tuple(out.shape)}; pass a "
                              f"gradient of that shape, or reduce it to a scalar first")
         return Tensor._wrap(np.ones(out.shape, out.dtype))
-    g = as_tensor(grad)
+    g = as_tensor(grad, out.dtype, "backward")
     if tuple(g.shape) != tuple(out.shape):
         raise ShapeError(f"backward: gradient shape {tuple(g.shape)} does not match output "
                          f"shape {tuple(out.shape)}")
+    if g.dtype != out.dtype and dtypes.is_float(out.dtype):  # as PyTorch: take the output's
+        g = cast(g, out.dtype)
     return g
 
 
@@ -155,11 +157,19 @@ def gradients(outputs, inputs, grad_outputs=None, retain_graph=None, create_grap
 
 
 # --- the functional API ------------------------------------------------------------------------
+def _single(argnums):
+    """Whether ``argnums`` names one argument (not a sequence of them)."""
+    return isinstance(argnums, (int, np.integer)) or not hasattr(argnums, "__iter__")
+
+
 def _argnums(argnums, n):
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    """``argnums`` (an int or a sequence of ints) as a tuple, checked against ``n`` arguments."""
+    many = not _single(argnums)
+    nums = tuple(as_int("grad", "argnums", a) for a in (argnums if many else (argnums,)))
     for a in nums:
         if not -n <= a < n:
-            raise ValueError(f"argnums {argnums} out of range for {n} positional arguments")
+            raise ArgumentError(f"grad: argnums {argnums} is out of range for {n} positional "
+                                f"argument{'s' if n != 1 else ''}")
     return nums
 
 
@@ -200,7 +210,10 @@ def value_and_grad(f, argnums=0, has_aux=False):
         with enable_grad():
             out = f(*args)
         value, aux = out if has_aux else (out, None)
-        value = as_tensor(value)
+        if not isinstance(value, (Tensor, np.ndarray, np.generic, int, float)):
+            raise DTypeError(f"grad: {getattr(f, '__name__', 'f')} must return a scalar Tensor "
+                             f"or number, got {type(value).__name__}")
+        value = as_tensor(value, op="grad")
         if value.size != 1:
             raise ShapeError(f"grad: {getattr(f, '__name__', 'f')} must return a scalar, got "
                              f"shape {tuple(value.shape)}")
@@ -211,7 +224,7 @@ def value_and_grad(f, argnums=0, has_aux=False):
             gs = [zeros_like(x) for x in targets]
         it = iter(gs)
         per_arg = [unflatten(lifted[i][0], [next(it) for _ in lifted[i][1]]) for i in nums]
-        g = per_arg[0] if isinstance(argnums, int) else tuple(per_arg)
+        g = per_arg[0] if _single(argnums) else tuple(per_arg)
         if not nested and MODE.forward_depth == 0:
             value = value.detach()
         return ((value, aux), g) if has_aux else (value, g)
@@ -244,11 +257,15 @@ def vjp(f, *primals):
     with enable_grad():
         out = f(*xs)
     outs, tree = flatten(out)
-    outs = [as_tensor(o) for o in outs]
+    outs = [as_tensor(o, op="vjp") for o in outs]
 
     def vjp_fn(cotangent):
-        cts, _ = flatten(cotangent)
-        live = [(o, as_tensor(c)) for o, c in zip(outs, cts) if o.requires_grad]
+        cts = [cotangent] if tree is None else flatten(cotangent)[0]  # one output: one array
+        if len(cts) != len(outs):
+            raise ArgumentError(f"vjp: the cotangent has {len(cts)} leaves but the function "
+                                f"returned {len(outs)} outputs; pass one per output, in the "
+                                f"same structure")
+        live = [(o, as_tensor(c, o.dtype, "vjp")) for o, c in zip(outs, cts) if o.requires_grad]
         if not live:
             return tuple(zeros_like(x) for x in xs)
         gs = gradients([o for o, _ in live], xs, [c for _, c in live], retain_graph=True,
@@ -265,7 +282,7 @@ def jvp(f, primals, tangents):
     JVP rule (dual numbers)."""
     primals, tangents = tuple(primals), tuple(tangents)
     if len(primals) != len(tangents):
-        raise ValueError(f"jvp: got {len(primals)} primals but {len(tangents)} tangents")
+        raise ArgumentError(f"jvp: got {len(primals)} primals but {len(tangents)} tangents")
     xs = []
     for p, t in zip(primals, tangents):
         x = _lift_input(p) if _is_tracked(p) else Tensor._wrap(as_tensor(p).data)
@@ -281,7 +298,7 @@ def jvp(f, primals, tangents):
     finally:
         MODE.forward_depth -= 1
     outs, tree = flatten(out)
-    outs = [as_tensor(o) for o in outs]
+    outs = [as_tensor(o, op="jvp") for o in outs]
     tans = [o._tangent if o._tangent is not None else zeros_like(o) for o in outs]
     for o in outs:
         o._tangent = None

@@ -2,12 +2,12 @@
 
 import numpy as np
 
-from ..errors import DTypeError, OpError, ShapeError
+from ..errors import ArgumentError, DTypeError, OpError, ShapeError
 from . import dtypes
 from .ops_math import cast, exp, sqrt, tsum
 from .ops_shape import as_int, mean, reshape, sum
 from .registry import AVal, Op, register
-from .tensor import Tensor, apply
+from .tensor import Tensor, apply, as_tensor
 
 
 def _defop(name, compute, infer, vjp=None, jvp=None, **flags):
@@ -400,6 +400,8 @@ RNG_SEED = _defop("rng_seed", _rng_seed_np, lambda: AVal((), dtypes.int64), impu
 
 
 def _dropout_np(x, seed, p):
+    if p >= 1.0:  # every element dropped (PyTorch's answer; no 1/(1-p) scale to divide by)
+        return np.zeros_like(x)
     keep = np.random.default_rng(int(seed)).random(x.shape) >= p
     return np.where(keep, x / (1.0 - p), 0).astype(x.dtype)
 
@@ -421,9 +423,16 @@ DROPOUT = _defop("dropout", _dropout_np, _dropout_infer,
 
 def manual_seed(seed):
     """Reset the generator that ``rng_seed`` (and so every dropout mask) draws from: the same
-    sequence of calls then gives the same masks, eagerly, traced or compiled."""
+    sequence of calls then gives the same masks, eagerly, traced or compiled.
+
+    ``seed`` is an int in [-2**63, 2**64), as in PyTorch; a negative seed is read as its
+    two's-complement uint64 (``-1`` is ``2**64 - 1``).
+    """
     global _rng
-    _rng = np.random.default_rng(as_int("manual_seed", "seed", seed))
+    s = as_int("manual_seed", "seed", seed)
+    if not -2**63 <= s < 2**64:
+        raise ArgumentError(f"manual_seed: seed must lie in [-2**63, 2**64), got {s}")
+    _rng = np.random.default_rng(s % 2**64)
 
 
 def rng_seed():
@@ -447,7 +456,8 @@ def log_softmax(x, axis=-1):
 
 def one_hot(labels, num_classes, dtype="float32"):
     """Integer ``labels`` as one-hot vectors of length ``num_classes`` (a new last axis)."""
-    return apply(ONE_HOT, labels, num_classes=int(num_classes), dtype=dtypes.as_dtype(dtype))
+    return apply(ONE_HOT, labels, num_classes=as_int("one_hot", "num_classes", num_classes),
+                 dtype=dtypes.as_dtype(dtype, "one_hot"))
 
 
 def cross_entropy(logits, targets):
@@ -464,6 +474,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0):
     """2-D convolution (cross-correlation), NCHW input and OIHW weight, optional bias (O,)."""
     y = _conv(x, weight, _pair("conv2d", "stride", stride), _pair("conv2d", "padding", padding))
     if bias is not None:
+        bias = as_tensor(bias, y.dtype, "conv2d")
+        if tuple(bias.shape) != (y.shape[1],):
+            raise ShapeError(f"conv2d: bias must have shape (O,) = ({y.shape[1]},), one value "
+                             f"per output channel, got {tuple(bias.shape)}")
         y = y + reshape(bias, (1, -1, 1, 1))
     return y
 
@@ -489,16 +503,31 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0):
     return apply(AVG_POOL2D, x, **_pool_args("avg_pool2d", kernel_size, stride, padding))
 
 
+def check_dropout_p(p, op="dropout"):
+    """``p`` as a float in [0, 1], else a library error naming ``op`` (``nn.Dropout`` shares it).
+
+    Raises:
+        DTypeError: ``p`` is not a real number.
+        ArgumentError: ``p`` lies outside [0, 1] (or is NaN).
+    """
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer,
+                                                               np.floating)):
+        raise DTypeError(f"{op}: p must be a number in [0, 1], got {p!r} ({type(p).__name__})")
+    if not 0.0 <= p <= 1.0:
+        raise ArgumentError(f"{op}: dropout probability p must lie in [0, 1], got {p!r}")
+    return float(p)
+
+
 def dropout(x, p=0.5, training=True, seed=None):
-    """Zero each element with probability ``p`` and scale the rest by 1/(1-p).
+    """Zero each element with probability ``p`` and scale the rest by 1/(1-p); ``p=1`` gives
+    zeros (and a zero gradient), as in PyTorch.
 
     The mask is a function of ``seed``, an int or an integer scalar tensor; when None it is a
     fresh :func:`rng_seed`, so a traced or compiled graph draws a new mask on every call
     (reproducibly after :func:`manual_seed`). The seed is an input of the op, so the backward
     pass reuses exactly the forward mask. Masks are not PyTorch's (another generator).
     """
-    if not isinstance(p, (int, float, np.integer, np.floating)) or not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout: p must be a number in [0, 1), got {p!r}")
+    p = check_dropout_p(p)
     if not training or p == 0.0:
         return x
     if seed is None:

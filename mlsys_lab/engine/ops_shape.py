@@ -468,7 +468,7 @@ def transpose(x, axes=None):
     """Permute axes (default: reverse them)."""
     r = _rank(x)
     axes = tuple(reversed(range(r))) if axes is None else tuple(
-        as_int("transpose", "axes", a) % builtins.max(r, 1) for a in axes)
+        check_axis("transpose", a, r) for a in axes)
     return apply(TRANSPOSE, x, axes=axes)
 
 
@@ -532,11 +532,19 @@ def take_grad(g, indices, shape, axis):
 
 
 def pad(x, pad_width, value=0.0):
-    """Constant padding; ``pad_width`` holds one (before, after) pair per axis."""
+    """Constant padding; ``pad_width`` is an int (every side) or one (before, after) pair of
+    ints per axis."""
     r = _rank(x)
-    if isinstance(pad_width, int):
+    if isinstance(pad_width, (int, np.integer)) and not isinstance(pad_width, (bool, np.bool_)):
         pad_width = ((pad_width, pad_width),) * r
-    pw = tuple((int(a), int(b)) for a, b in pad_width)
+    if not isinstance(pad_width, (tuple, list)) or not all(
+            isinstance(p, (tuple, list)) and len(p) == 2 for p in pad_width):
+        raise DTypeError(f"pad: pad_width must be an int or one (before, after) pair of ints "
+                         f"per axis, got {pad_width!r}")
+    pw = tuple((as_int("pad", "pad_width", a), as_int("pad", "pad_width", b))
+               for a, b in pad_width)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise DTypeError(f"pad: value must be a number, got {value!r}")
     return apply(PAD, x, pad_width=pw, value=float(value))
 
 

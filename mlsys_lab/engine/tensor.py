@@ -13,7 +13,15 @@ import weakref
 
 import numpy as np
 
-from ..errors import DTypeError, DTypeOverflowError, MLSysError, OpError, ShapeError, TraceError
+from ..errors import (
+    DTypeError,
+    DTypeOverflowError,
+    MLSysError,
+    OpError,
+    RankError,
+    ShapeError,
+    TraceError,
+)
 from . import dtypes
 from .registry import AVal
 
@@ -136,7 +144,15 @@ class Tensor:
 
     def item(self):
         """The value of a one-element tensor as a Python number."""
-        return self.numpy().item()
+        return self._number("item()")
+
+    def _number(self, what):
+        """The single value as a Python number, or a RankError naming ``what``."""
+        a = self.numpy()
+        if a.size != 1:
+            raise RankError(f"{what}: only a one-element tensor can be converted to a Python "
+                            f"number; this one has {a.size} elements (shape {self.shape})")
+        return a.item()
 
     def __array__(self, dtype=None, copy=None):
         """``np.asarray(t)`` / ``np.array(t)``: the values as a plain numpy array.
@@ -180,12 +196,13 @@ class Tensor:
 
     def __len__(self):
         if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
+            raise RankError("len(): a 0-d tensor has no length (use .item() for its value)")
         return self.shape[0]
 
     def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
+        if not self.shape:
+            raise RankError("iter(): iteration over a 0-d tensor (use .item() for its value)")
+        return (self[i] for i in range(self.shape[0]))
 
     def __bool__(self):
         if self.data is None:
@@ -195,18 +212,21 @@ class Tensor:
                 f"ml.ops.cond(pred, true_fn, false_fn, *operands) for data-dependent branches"
                 f"{_where(self)}")
         if self.data.size != 1:
-            raise ShapeError(f"bool(): the truth value of a tensor with {self.data.size} elements "
-                             f"(shape {self.shape}) is ambiguous; use t.any() or t.all()")
-        return bool(self.data)
+            raise RankError(f"bool(): the truth value of a tensor with {self.data.size} elements "
+                            f"(shape {self.shape}) is ambiguous; use t.any() or t.all()")
+        return bool(self.data.item())
 
     def __float__(self):
-        return float(self.numpy())
+        return float(self._number("float()"))
 
     def __int__(self):
-        return int(self.numpy())
+        return int(self._number("int()"))
 
     def __index__(self):
-        return int(self.numpy())
+        if self.dtype.kind not in "biu":
+            raise DTypeError(f"__index__: only an integer tensor can be used as an index, got "
+                             f"{self.dtype}")
+        return int(self._number("__index__"))
 
     def __format__(self, spec):
         """``f"{t:.3f}"`` formats a 0-d tensor's value, as numpy does for 0-d arrays."""
@@ -304,13 +324,22 @@ def as_tensor(x, like_dtype=None, op="tensor"):
     Raises:
         DTypeOverflowError: the scalar does not fit in that dtype (``300`` next to uint8,
             ``2**63`` next to int64). numpy 2 refuses these as well; PyTorch wraps silently.
+        MLSysError: ``x`` cannot become a tensor (None, a string, a ragged list); the message
+            starts with ``op``.
     """
     if isinstance(x, Tensor):
         return x
     scalar = (bool, int, float, np.bool_, np.integer, np.floating)
     if isinstance(x, scalar) and like_dtype is not None:
         return Tensor._wrap(dtypes.scalar_array(x, dtypes.weak_dtype(x, like_dtype), op))
-    return Tensor(x)
+    try:
+        return Tensor(x)
+    except MLSysError as e:
+        if op == "tensor":
+            raise
+        reason = str(e).removeprefix("tensor: ")
+        raise type(e)(f"{op}: cannot convert an argument of type {type(x).__name__} to a "
+                      f"tensor: {reason}") from None
 
 
 def lift(args, op="tensor"):

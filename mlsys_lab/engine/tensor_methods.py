@@ -29,17 +29,15 @@ from .tensor import MODE, Tensor
 
 
 def _getitem(self, key):
+    """``t[key]``: one integer index array is a ``take`` on the first axis (the index may be a
+    traced tensor); anything else numpy accepts, e.g. ``t[[0, 1], [1, 2]]``, is ``getitem``."""
     keys = key if isinstance(key, tuple) else (key,)
-    if any(isinstance(k, (Tensor, np.ndarray, list)) for k in keys):
-        if len(keys) == 1:
-            idx = keys[0]
-            idx = idx if isinstance(idx, Tensor) else np.asarray(idx)
-            if idx.dtype == np.bool_:
-                raise TraceError("getitem: boolean-mask indexing gives a data-dependent shape; "
-                                 "use ml.ops.where(mask, x, 0) instead")
-            return ops.take(self, idx, axis=0)
-        raise IndexError("getitem: advanced indexing supports one integer array on the first "
-                         "axis; use ml.ops.take(x, indices, axis) for other axes")
+    if len(keys) == 1 and isinstance(keys[0], (Tensor, np.ndarray, list)):
+        idx = keys[0] if isinstance(keys[0], Tensor) else np.asarray(keys[0])
+        if idx.dtype == np.bool_:
+            raise TraceError("getitem: boolean-mask indexing gives a data-dependent shape; "
+                             "use ml.ops.where(mask, x, 0) instead")
+        return ops.take(self, idx, axis=0)
     return ops.getitem(self, key)
 
 

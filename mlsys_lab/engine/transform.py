@@ -6,8 +6,10 @@ backwards, emitting each op's VJP rule as new nodes — the same rules the eager
 
 import numpy as np
 
-from ..errors import GraphError
+from ..errors import ArgumentError, GraphError
 from . import dtypes
+from .ops_math import cast
+from .ops_shape import as_int
 from .registry import get
 from .tensor import Tensor, apply, conform_tangent, no_grad, zeros_like
 from .trace import GraphBuilder
@@ -38,6 +40,8 @@ def _reverse(graph, env, seeds, wrt):
         gs = op.vjp(g, ins, env[id(out)], needs, **n.attrs)
         for v, gv, need in zip(n.inputs, gs, needs):
             if gv is not None and need:
+                if gv.dtype != v.dtype:  # as the tape: a gradient takes its input's dtype
+                    gv = cast(gv, v.dtype)
                 ct[id(v)] = ct[id(v)] + gv if id(v) in ct else gv
     return [ct.get(id(v)) for v in wrt]
 
@@ -68,7 +72,7 @@ def grad_graph(graph, wrt=None, name=None):
         raise GraphError(f"grad_graph: {graph.name} must have one scalar output, has "
                          f"{[repr(v) for v in graph.outputs]}")
     wrt = [i for i, v in enumerate(graph.inputs) if dtypes.is_float(v.dtype)] \
-        if wrt is None else list(wrt)
+        if wrt is None else _positions(graph, wrt)
     b = GraphBuilder(name or f"grad_{graph.name}")
     with b, no_grad():
         ins = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
@@ -79,6 +83,20 @@ def grad_graph(graph, wrt=None, name=None):
         outs = [y] + [g if g is not None else zeros_like(graph.inputs[i])
                       for g, i in zip(gs, wrt)]
         return b.build(outs, out_tree=(tuple, [None] * len(outs)))
+
+
+def _positions(graph, wrt):
+    """``wrt`` (a position or a sequence of them) as a list of input positions in range
+    (negative ones count from the end)."""
+    n = len(graph.inputs)
+    out = []
+    for i in wrt if isinstance(wrt, (tuple, list, range)) else (wrt,):
+        i = as_int("grad_graph", "wrt", i)
+        if not -n <= i < n:
+            raise ArgumentError(f"grad_graph: wrt position {i} is out of range for "
+                                f"{graph.name}, which has {n} input{'s' if n != 1 else ''}")
+        out.append(i % n)
+    return out
 
 
 def vjp_graph(graph, name=None):
