@@ -409,6 +409,8 @@ def test_the_wire_round_trips_plain_data_and_never_pickles():
     assert back["a"][:2] == (1, 2.5) and np.isnan(back["a"][2]) and back["big"] == 7 ** 6000
     assert back[3][0].tolist() == [0, 1, 2, 3] and back[3][1].dtype == np.float32
     assert back["s"] == {1, 2} and back["c"] == 1 + 2j and back["b"] == b"\x00"
+    for zero_d in (np.array(2.5), np.float64(2.5), np.ones((3, 2))[:, 0]):  # shapes survive
+        assert wire.decode(wire.encode(zero_d)).shape == np.shape(zero_d)
 
     class Liar(int):
         def __eq__(self, other):

@@ -116,7 +116,9 @@ def encode(value: Any, _depth: int = 0) -> Any:
         if array.dtype.hasobject:
             return _opaque(value)
         tag = "ndarray" if isinstance(value, np.ndarray) else "npscalar"
-        return {_TAG: tag, "npy": _npy(np.ascontiguousarray(array))}
+        # ascontiguousarray would turn a 0-d array into shape (1,)
+        contiguous = array if array.flags.c_contiguous else array.copy(order="C")
+        return {_TAG: tag, "npy": _npy(contiguous)}
     if isinstance(value, Raised):
         return {_TAG: "raised", "type": value.type_name, "bases": list(value.bases),
                 "message": value.message}
