@@ -37,12 +37,14 @@ from .errors import (  # noqa: E402
     ShapeError,
     TapeError,
     TraceError,
+    UnknownNameError,
 )
 
 __all__ = [
     "ArgumentError", "CheckpointError", "CycleError", "DTypeError", "DTypeOverflowError", "Graph",
     "GraphError", "MLSysError", "OpError", "OutOfMemoryError", "PlanError", "RankError",
-    "ShapeError", "TapeError", "Tensor", "TraceError", "bool_", "compile", "compile_train_step",
+    "ShapeError", "TapeError", "Tensor", "TraceError", "UnknownNameError", "bool_", "compile",
+    "compile_train_step",
     "enable_grad", "float16", "float32", "float64", "grad", "grad_graph", "gradients", "hvp",
     "int32", "int64", "is_grad_enabled", "jvp", "no_grad", "ones", "ops", "randn",
     "tape_to_graph", "tensor", "trace", "uint8", "value_and_grad", "vjp", "zeros",

@@ -30,6 +30,13 @@ class ArgumentError(MLSysError, ValueError):
     range, a count that does not match another argument's."""
 
 
+class UnknownNameError(ArgumentError, KeyError):
+    """A name that no table holds: an op, a device, a pass, a memory-planning strategy. The
+    message lists the known names. A KeyError too, as the lookup it replaces."""
+
+    __str__ = Exception.__str__  # KeyError's would quote the whole message
+
+
 class GraphError(MLSysError, RuntimeError):
     """A graph is malformed (not SSA, cyclic, mistyped) or was used in a way it cannot be."""
 

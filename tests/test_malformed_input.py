@@ -183,6 +183,8 @@ OPS = (
         row("conv2d-dtypes", lambda t: ops.conv2d(X(1, 1, 5, 5, dtype="float64"), T(W33)),
             "conv2d"),
         row("conv2d-bias-shape", lambda t: ops.conv2d(T(IMG), T(W33), X(2)), "conv2d", "bias"),
+        row("conv2d-kernel-empty", lambda t: ops.conv2d(T(IMG), X(1, 1, 0, 0)), "conv2d",
+            "kernel"),
     ]
     + [row(f"{op}-{what}", lambda t, op=op, kw=kw: getattr(ops, op)(T(IMG), **kw), op, word)
        for op in ("max_pool2d", "avg_pool2d")

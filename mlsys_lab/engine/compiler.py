@@ -8,17 +8,19 @@ broadcast_to) produce numpy views of their input instead of copies, and keep tha
 
 import builtins
 import functools
+import inspect
 import time
 
 import numpy as np
 
-from ..errors import GraphError, MLSysError, OpError, OutOfMemoryError, ShapeError
+from ..errors import ArgumentError, GraphError, MLSysError, OpError, OutOfMemoryError, ShapeError
 from . import memory
 from .cpu_kernels import MIXED_DTYPE_KERNELS, OUT_KERNELS
 from .graph import check_input
 from .pytree import flatten, unflatten
 from .registry import REGISTRY, get
 from .runtime import Event, Timeline, as_input
+from .selection import device as find_device
 from .selection import explain_selection, select
 from .trace import static_key, static_positions, trace
 
@@ -92,6 +94,8 @@ class Executable:
 
     def __init__(self, f, *example_args, passes="default", device="cpu", fallback=("cpu",),
                  strategy="best", inplace=True, static_argnums=(), name=None, donate=()):
+        find_device(device)  # unknown names fail here, before tracing and the passes
+        memory.check_strategy(strategy)
         self.source_graph = trace(f, *example_args, name=name, static_argnums=static_argnums)
         self.static_argnums = static_argnums
         self._static = static_positions(static_argnums, len(example_args))
@@ -300,7 +304,7 @@ class Executable:
             self._check_out(out)
         for v, slot, a in zip(g.inputs, self._input_slots, flat):
             if type(a) is not np.ndarray:
-                a = as_input(a, v.dtype)
+                a = as_input(a, v.dtype, f"{g.name}: input {v.name}")
             check_input(g.name, v, a.shape, a.dtype)
             env[slot] = a
         for dst, src in self._donated_slots:
@@ -407,6 +411,11 @@ class Executable:
         return "\n".join(lines)
 
 
+#: The keyword options ``ml.compile`` accepts (those of :class:`Executable`).
+_OPTIONS = [p for p in inspect.signature(Executable.__init__).parameters
+            if p not in ("self", "f", "example_args")]
+
+
 class Compiled:
     """A compiled function: ``c = Compiled(f, *example_args, **options)``, then ``c(*args)``.
 
@@ -421,6 +430,10 @@ class Compiled:
     """
 
     def __init__(self, f, *example_args, static_argnums=(), **options):
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise ArgumentError(f"compile: unknown options {unknown}; known: "
+                                f"{', '.join(_OPTIONS)}")
         self.f, self.options = f, options
         self.static_argnums = static_argnums
         self._static = static_positions(static_argnums, len(example_args))

@@ -15,7 +15,7 @@ from typing import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from mlsys_lab.errors import GraphError, PlanError
+from mlsys_lab.errors import GraphError, OutOfMemoryError, PlanError, UnknownNameError
 
 from .registry import REGISTRY
 
@@ -23,6 +23,7 @@ __all__ = [
     "Lifetime",
     "MemoryPlan",
     "STRATEGIES",
+    "check_strategy",
     "plan",
     "lower_bound",
     "naive_size",
@@ -438,10 +439,11 @@ def plan(
         A ``MemoryPlan``. Zero-size tensors get offset 0 and never conflict.
 
     Raises:
-        KeyError: unknown strategy.
+        UnknownNameError: an unknown strategy (an ArgumentError and a KeyError).
         PlanError: duplicate ids, a bad record, or sizes that sum past int64.
         GraphError: an in-place pair that is not allowed.
     """
+    check_strategy(strategy)
     records = _aligned(lifetimes, alignment)
     _check_unique(records)
     pairs = tuple(inplace)
@@ -450,13 +452,20 @@ def plan(
     if strategy == "best":
         winner, offsets = _best(nonempty)
         name = f"best:{winner}" if winner else "best"
-    elif strategy in STRATEGIES:
-        offsets, name = STRATEGIES[strategy](nonempty), strategy
     else:
-        raise KeyError(f"unknown strategy {strategy!r}; choose from {['best', *STRATEGIES]}")
+        offsets, name = STRATEGIES[strategy](nonempty), strategy
     arena = _arena_size(nonempty, offsets)
     final = {r.id: offsets.get(members[r.id], 0) if r.size else 0 for r in records}
     return MemoryPlan(final, arena, name, alignment, pairs)
+
+
+def check_strategy(strategy) -> str:
+    """``strategy`` if it names a registered strategy or ``"best"``, else UnknownNameError
+    (which lists the known ones)."""
+    if not (isinstance(strategy, str) and (strategy == "best" or strategy in STRATEGIES)):
+        raise UnknownNameError(f"plan: unknown strategy {strategy!r}; choose from "
+                                   f"{', '.join(['best', *STRATEGIES])}")
+    return strategy
 
 
 def _check_unique(records: Sequence[Lifetime]) -> None:
@@ -765,9 +774,10 @@ class CachingAllocator:
         return max(_align(nbytes, step), self.SMALL_ROUND)
 
     def malloc(self, nbytes: int) -> Block:
-        """Hand out a block of at least ``nbytes`` bytes."""
-        if nbytes < 0:
-            raise ValueError(f"malloc: negative size {nbytes}")
+        """Hand out a block of at least ``nbytes`` bytes (PlanError for a negative or
+        non-integer size)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+            raise PlanError(f"malloc: size must be a non-negative integer, got {nbytes!r}")
         size = self.round_size(nbytes)
         small = size <= self.small_limit
         block = self._take_cached(size, small)
@@ -785,7 +795,7 @@ class CachingAllocator:
     def free(self, block: Block) -> None:
         """Return a block to the cache, merging it with free neighbours."""
         if not block.allocated or block.segment not in self._segments:
-            raise ValueError(f"free: {block!r} is not an allocated block of this allocator")
+            raise PlanError(f"free: {block!r} is not an allocated block of this allocator")
         block.allocated = False
         self._stats["num_frees"] += 1
         self._count("allocated_bytes", -block.size)
@@ -837,9 +847,10 @@ class CachingAllocator:
         if self.capacity is not None and reserved + seg_size > self.capacity:
             self.empty_cache()
             if self._stats["reserved_bytes"] + seg_size > self.capacity:
-                raise MemoryError(
-                    f"out of memory: {size} bytes requested, {self._stats['allocated_bytes']} "
-                    f"allocated, {self._stats['reserved_bytes']} reserved of {self.capacity}"
+                raise OutOfMemoryError(
+                    f"malloc: out of memory: {size} bytes requested, "
+                    f"{self._stats['allocated_bytes']} allocated, "
+                    f"{self._stats['reserved_bytes']} reserved of {self.capacity}"
                 )
         index, ptr = self._next_segment, self._next_ptr
         self._next_segment += 1

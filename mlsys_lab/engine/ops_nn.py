@@ -185,6 +185,9 @@ def _conv_infer(x, w, stride, padding):
                          f"{w.shape[1]} (input {tuple(x.shape)}, weight {tuple(w.shape)})")
     if x.dtype != w.dtype or not dtypes.is_float(x.dtype):
         raise DTypeError(f"conv2d: expects equal floating dtypes, got {x.dtype} and {w.dtype}")
+    if 0 in w.shape[2:]:
+        raise ShapeError(f"conv2d: kernel size must be greater than zero, got weight "
+                         f"{tuple(w.shape)}")
     oh = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0])
     ow = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1])
     if oh <= 0 or ow <= 0:

@@ -11,6 +11,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..errors import UnknownNameError
+
 
 class AVal(NamedTuple):
     """Abstract value: what static analysis knows about a tensor (shape and dtype)."""
@@ -71,7 +73,8 @@ def get(name: str) -> Op:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise KeyError(f"no op named {name!r}; known ops: {', '.join(sorted(REGISTRY))}") from None
+        known = ", ".join(sorted(REGISTRY))
+        raise UnknownNameError(f"no op named {name!r}; known ops: {known}") from None
 
 
 def register_impl(op_name: str, device: str, kernel: Callable, **info):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import GraphError, MLSysError
+from ..errors import ArgumentError, DTypeError, GraphError, MLSysError
 from .graph import check_input
 from .pytree import flatten
 from .registry import get
@@ -59,12 +59,29 @@ class Timeline(list):
         return True
 
 
-def as_input(a, dtype):
+def as_input(a, dtype, where="input"):
     """An argument as an array: arrays keep their dtype (checked later); Python numbers and
-    lists take the input's dtype, as scalars do next to tensors."""
+    lists take the input's dtype, as scalars do next to tensors. ``where`` names the input in
+    errors.
+
+    Raises:
+        DTypeError: ``a`` is None, a string or anything else that is not numeric data (numpy
+            would turn None into NaN and ``"1.5"`` into 1.5 without a word).
+    """
     if isinstance(a, np.ndarray) or hasattr(a, "__array__") and not isinstance(a, (list, tuple)):
-        return np.asarray(a)
-    return np.asarray(a, dtype=dtype)
+        arr = np.asarray(a)
+    elif a is None or isinstance(a, (str, bytes)):
+        arr = None
+    else:
+        try:
+            arr = np.asarray(a, dtype=dtype)
+        except (TypeError, ValueError, OverflowError):
+            arr = None
+    if arr is None or arr.dtype.kind not in "biuf":
+        raise DTypeError(f"{where}: expected numeric data for a {np.dtype(dtype).name} input, got "
+                         f"{type(a).__name__}" + (f" of dtype {arr.dtype}" if arr is not None
+                                                  else ""))
+    return arr
 
 
 def _bind(graph, args):
@@ -73,7 +90,7 @@ def _bind(graph, args):
         raise GraphError(f"{graph.name}: expects {len(graph.inputs)} inputs, got {len(flat)}")
     env = {}
     for v, a in zip(graph.inputs, flat):
-        a = as_input(a, v.dtype)
+        a = as_input(a, v.dtype, f"{graph.name}: input {v.name}")
         check_input(graph.name, v, a.shape, a.dtype)
         env[id(v)] = a
     env.update({id(v): a for v, a in graph.consts.items()})
@@ -124,7 +141,8 @@ def topological_order(graph, strategy="graph"):
         for n in graph.nodes:  # nodes no output needs still run
             visit(n)
         return order
-    raise ValueError(f"unknown order strategy {strategy!r} (graph, bfs, dfs)")
+    raise ArgumentError(f"topological_order: unknown order strategy {strategy!r}; known: "
+                        f"graph, bfs, dfs")
 
 
 def _outputs(graph, env):
@@ -145,6 +163,8 @@ def run_serial(graph, *args, order="graph", device="cpu"):
 
 def run_parallel(graph, *args, workers=2, device="cpu"):
     """Run ``graph`` on a thread pool, launching each node when all its inputs are ready."""
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise ArgumentError(f"run_parallel: workers must be a positive integer, got {workers!r}")
     env = _bind(graph, args)
     deps = {n.id: {v.producer.id for v in n.inputs if v.producer is not None}
             for n in graph.nodes}
@@ -226,7 +246,8 @@ def run_heterogeneous(graph, *args, mode="split"):
     from .selection import DEVICES
 
     if mode not in ("split", "merged", "sunk"):
-        raise ValueError(f"mode must be split, merged or sunk, got {mode!r}")
+        raise ArgumentError(f"run_heterogeneous: mode must be split, merged or sunk, got "
+                            f"{mode!r}")
     env = _bind(graph, args)
     tl = Timeline()
     host = 0.0

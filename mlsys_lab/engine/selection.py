@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import GraphError
+from ..errors import GraphError, UnknownNameError
 from . import dtypes
 from .graph import Graph, Node, Value
 from .registry import REGISTRY, AVal, Op, get, register
@@ -104,12 +104,15 @@ DEVICES = {
 
 
 def device(name):
-    """The :class:`Device` called ``name`` (registering kernels of mlsys_lab.kernels first)."""
+    """The :class:`Device` called ``name`` (registering kernels of mlsys_lab.kernels first).
+
+    Raises:
+        UnknownNameError: no device has that name; the message lists the known ones.
+    """
     _load_kernel_registrations()
-    try:
-        return DEVICES[name]
-    except KeyError:
-        raise KeyError(f"unknown device {name!r}; known: {', '.join(DEVICES)}") from None
+    if not isinstance(name, str) or name not in DEVICES:
+        raise UnknownNameError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}")
+    return DEVICES[name]
 
 
 _loaded = False
@@ -167,9 +170,10 @@ def select(graph, device_name="cpu", fallback=("cpu",)):
     first device in ``fallback`` that has a kernel. Values that cross devices get ``copy`` nodes.
     The reason for every decision is recorded in ``meta['choice']``.
     """
-    graph = graph.copy()  # selection rewrites values; never touch the caller's graph
     dev = device(device_name)
+    fallback = (fallback,) if isinstance(fallback, str) else tuple(fallback)
     fallbacks = [device(f) for f in fallback]
+    graph = graph.copy()  # selection rewrites values; never touch the caller's graph
     made = []
     nodes, home = [], {}  # home: id(value) -> device name where it lives
     for v in list(graph.inputs) + list(graph.consts):

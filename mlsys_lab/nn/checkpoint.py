@@ -50,7 +50,13 @@ def _flatten(obj, prefix, arrays, kinds):
 
 
 def save(obj, path):
-    """Save a dict (e.g. ``model.state_dict()``) to ``path`` (.npz) atomically."""
+    """Save a dict (e.g. ``model.state_dict()``) to ``path`` (.npz) atomically.
+
+    Raises:
+        CheckpointError: ``obj`` holds something a checkpoint cannot store without pickle, or
+            the file cannot be written (a missing folder, no permission, a full disk); the
+            previous file at ``path``, if any, is then left as it was.
+    """
     if not isinstance(obj, dict):
         raise CheckpointError(f"save: expects a dict such as model.state_dict(), got "
                               f"{type(obj).__name__}")
@@ -59,14 +65,21 @@ def save(obj, path):
     header = json.dumps({"format": FORMAT, "kinds": kinds})
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".npz", dir=folder)
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"save: cannot write {path}: the folder {folder} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".npz", dir=folder)
+    except OSError as e:
+        raise CheckpointError(f"save: cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **{_HEADER: np.asarray(header)}, **arrays)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"save: cannot write {path}: {e.strerror or e}") from None
         raise
 
 

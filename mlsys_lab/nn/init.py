@@ -16,14 +16,22 @@ def fan_in_out(shape):
 
 
 def kaiming_uniform(shape, rng=None, gain=2.0 ** 0.5, dtype="float32"):
-    """He initialisation: U(-b, b) with b = gain * sqrt(3 / fan_in) (for ReLU networks)."""
+    """He initialisation: U(-b, b) with b = gain * sqrt(3 / fan_in) (for ReLU networks).
+
+    A shape with no elements (``Linear(0, n)``) has a zero fan and gives an empty array, as in
+    PyTorch."""
+    if 0 in tuple(shape):
+        return np.zeros(shape, dtype)
     fan_in, _ = fan_in_out(shape)
     bound = gain * np.sqrt(3.0 / fan_in)
     return _rng(rng).uniform(-bound, bound, shape).astype(dtype)
 
 
 def xavier_uniform(shape, rng=None, gain=1.0, dtype="float32"):
-    """Glorot initialisation: U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out))."""
+    """Glorot initialisation: U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)); a shape
+    with no elements gives an empty array."""
+    if 0 in tuple(shape):
+        return np.zeros(shape, dtype)
     fan_in, fan_out = fan_in_out(shape)
     bound = gain * np.sqrt(6.0 / (fan_in + fan_out))
     return _rng(rng).uniform(-bound, bound, shape).astype(dtype)

@@ -3,10 +3,25 @@
 import numpy as np
 
 from .. import ops
-from ..engine.tensor import Tensor
+from ..engine.ops_nn import check_dropout_p
+from ..engine.tensor import Tensor, as_tensor
 from ..errors import ShapeError
 from . import init
 from .module import Module, Parameter
+
+
+def _check_sizes(layer, positive=False, **sizes):
+    """Refuse a layer size that is not a non-negative (or, with ``positive``, positive) int."""
+    for name, n in sizes.items():
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) \
+                or n < int(positive):
+            want = "a positive" if positive else "a non-negative"
+            raise ShapeError(f"{layer}: {name} must be {want} integer, got {n!r}")
+
+
+def _input(x, layer):
+    """``x`` as a Tensor (arrays and nested lists are lifted; errors name ``layer``)."""
+    return x if isinstance(x, Tensor) else as_tensor(x, op=layer)
 
 
 class Linear(Module):
@@ -14,12 +29,17 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, rng=None):
         super().__init__()
+        _check_sizes("Linear", in_features=in_features, out_features=out_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(init.kaiming_uniform((in_features, out_features), rng,
                                                      gain=1.0))
         self.bias = Parameter(init.zeros((out_features,))) if bias else None
 
     def forward(self, x):
+        x = _input(x, "Linear")
+        if x.ndim == 0:
+            raise ShapeError(f"Linear({self.in_features}, {self.out_features}): input must have "
+                             f"at least 1 dimension (the features), got a 0-d tensor")
         if x.shape[-1] != self.in_features:
             raise ShapeError(f"Linear({self.in_features}, {self.out_features}): input has "
                              f"{x.shape[-1]} features, shape {tuple(x.shape)}")
@@ -37,6 +57,10 @@ class Conv2d(Module):
                  rng=None):
         super().__init__()
         k = (kernel_size, kernel_size) if np.isscalar(kernel_size) else tuple(kernel_size)
+        _check_sizes("Conv2d", in_channels=in_channels, out_channels=out_channels)
+        if len(k) != 2:
+            raise ShapeError(f"Conv2d: kernel_size must be an int or a pair, got {kernel_size!r}")
+        _check_sizes("Conv2d", positive=True, kernel_height=k[0], kernel_width=k[1])
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
         self.stride, self.padding = stride, padding
         self.weight = Parameter(init.kaiming_uniform((out_channels, in_channels) + k, rng,
@@ -56,6 +80,7 @@ class BatchNorm2d(Module):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1):
         super().__init__()
+        _check_sizes("BatchNorm2d", num_features=num_features)
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Parameter(init.ones((num_features,)))
         self.bias = Parameter(init.zeros((num_features,)))
@@ -63,6 +88,10 @@ class BatchNorm2d(Module):
         self.register_buffer("running_var", np.ones(num_features, np.float32))
 
     def forward(self, x):
+        x = _input(x, "BatchNorm2d")
+        if x.ndim != 4 or x.shape[1] != self.num_features:
+            raise ShapeError(f"BatchNorm2d({self.num_features}): expected NCHW input with "
+                             f"{self.num_features} channels, got shape {tuple(x.shape)}")
         if self.training:
             axes = (0, 2, 3)
             mu = ops.mean(x, axes)
@@ -90,6 +119,9 @@ class LayerNorm(Module):
 
     def __init__(self, normalized_shape, eps=1e-5):
         super().__init__()
+        if isinstance(normalized_shape, (tuple, list)) and len(normalized_shape) == 1:
+            normalized_shape = normalized_shape[0]  # the last axis only, as (n,) or n
+        _check_sizes("LayerNorm", normalized_shape=normalized_shape)
         self.eps = eps
         self.weight = Parameter(init.ones((normalized_shape,)))
         self.bias = Parameter(init.zeros((normalized_shape,)))
@@ -103,6 +135,7 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings, embedding_dim, rng=None):
         super().__init__()
+        _check_sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         self.weight = Parameter(init.normal((num_embeddings, embedding_dim), rng, std=1.0))
 
     def forward(self, ids):
@@ -131,11 +164,16 @@ class Sigmoid(Module):
 
 
 class Dropout(Module):
-    """Zero activations with probability ``p`` while training; identity in eval mode."""
+    """Zero activations with probability ``p`` while training; identity in eval mode.
+
+    Raises:
+        ArgumentError: ``p`` lies outside [0, 1] (checked here, as PyTorch does, not only on
+            the first training call).
+    """
 
     def __init__(self, p=0.5):
         super().__init__()
-        self.p = p
+        self.p = check_dropout_p(p, "Dropout")
 
     def forward(self, x):
         return ops.dropout(x, self.p, training=self.training)
@@ -148,6 +186,9 @@ class Flatten(Module):
     """(N, ...) -> (N, prod(...))."""
 
     def forward(self, x):
+        x = _input(x, "Flatten")
+        if x.ndim == 0:
+            raise ShapeError("Flatten: input must have a batch dimension, got a 0-d tensor")
         return ops.reshape(x, (x.shape[0], -1))
 
 

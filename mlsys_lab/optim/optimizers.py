@@ -1,20 +1,73 @@
 """Optimisers update parameters in place from their ``.grad`` (numpy arithmetic, no tape)."""
 
+import math
+import numbers
+
 import numpy as np
 
-from ..errors import CheckpointError
+from ..engine.tensor import Tensor
+from ..errors import ArgumentError, CheckpointError, DTypeError
+
+#: PyTorch's wording for each hyper-parameter it checks, and whether it must also be below 1.
+_LIMITS = {"lr": ("learning rate", False), "momentum": ("momentum value", False),
+           "weight_decay": ("weight_decay value", False), "eps": ("epsilon value", False),
+           "alpha": ("alpha value", False), "beta1": ("beta parameter at index 0", True),
+           "beta2": ("beta parameter at index 1", True)}
+
+
+def _check_hyper(owner, hyper):
+    """Refuse hyper-parameters PyTorch refuses: each numeric one must be a finite real >= 0
+    (betas in [0, 1)); ``nesterov`` needs a positive momentum. NaN and inf are refused too
+    (PyTorch accepts a NaN learning rate, which only turns every parameter into NaN)."""
+    for name, value in hyper.items():
+        if name == "nesterov":
+            if not isinstance(value, (bool, np.bool_)):
+                raise DTypeError(f"{owner}: nesterov must be True or False, got {value!r}")
+            if value and not hyper.get("momentum"):
+                raise ArgumentError(f"{owner}: Nesterov momentum requires a momentum "
+                                     f"(momentum > 0), got momentum={hyper.get('momentum')!r}")
+            continue
+        if name not in _LIMITS:  # a subclass's own hyper-parameter: its own business
+            continue
+        what, below_one = _LIMITS[name]
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise DTypeError(f"{owner}: {name} must be a real number, got {value!r} "
+                             f"({type(value).__name__})")
+        if not (math.isfinite(value) and value >= 0 and (value < 1 or not below_one)):
+            rule = "in [0, 1)" if below_one else "a finite number >= 0"
+            raise ArgumentError(f"{owner}: Invalid {what}: {value!r} ({name} must be {rule})")
 
 
 class Optimizer:
-    """Base class: holds parameters, hyper-parameters and per-parameter state arrays."""
+    """Base class: holds parameters, hyper-parameters and per-parameter state arrays.
+
+    Raises:
+        DTypeError: ``params`` is a single Tensor or holds something that is not a Tensor, or
+            a hyper-parameter is not a real number.
+        ArgumentError: ``params`` is empty or a hyper-parameter is out of range (a negative
+            or NaN learning rate, a beta outside [0, 1), ...), with PyTorch's wording.
+    """
 
     hyper_names = ("lr",)
     state_names = ()
 
     def __init__(self, params, **hyper):
-        self.params = list(params)
+        owner = type(self).__name__
+        if isinstance(params, Tensor):
+            raise DTypeError(f"{owner}: params must be an iterable of Tensors such as "
+                             f"model.parameters(), got a single {type(params).__name__}")
+        try:
+            self.params = list(params)
+        except TypeError:
+            raise DTypeError(f"{owner}: params must be an iterable of Tensors such as "
+                             f"model.parameters(), got {type(params).__name__}") from None
         if not self.params:
-            raise ValueError(f"{type(self).__name__}: got an empty parameter list")
+            raise ArgumentError(f"{owner}: got an empty parameter list")
+        for i, p in enumerate(self.params):
+            if not isinstance(p, Tensor):
+                raise DTypeError(f"{owner}: can only optimize Tensors (Parameters), but "
+                                 f"params[{i}] is a {type(p).__module__}.{type(p).__qualname__}")
+        _check_hyper(owner, hyper)
         self.hyper = hyper
         self.step_count = 0
         self.state = [{n: np.zeros_like(p.data) for n in self.state_names} for p in self.params]
@@ -48,8 +101,17 @@ class Optimizer:
         try:
             state = [sd["state"][str(i)] for i in range(len(self.params))]
             hyper, step = dict(sd["hyper"]), int(sd["step"])
-        except (KeyError, TypeError) as e:
-            raise CheckpointError(f"{type(self).__name__}.load_state_dict: missing {e}") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{type(self).__name__}.load_state_dict: missing or malformed "
+                                  f"{e}") from None
+        unknown = sorted(set(hyper) - set(self.hyper))
+        if unknown:
+            raise CheckpointError(f"{type(self).__name__}.load_state_dict: unknown "
+                                  f"hyper-parameters {unknown} (known: {sorted(self.hyper)})")
+        try:
+            _check_hyper(f"{type(self).__name__}.load_state_dict", {**self.hyper, **hyper})
+        except (DTypeError, ArgumentError) as e:
+            raise CheckpointError(str(e)) from None
         for i, (p, st) in enumerate(zip(self.params, state)):
             for n in self.state_names:
                 if n not in st or np.shape(st[n]) != p.shape:
@@ -88,6 +150,8 @@ class Adam(Optimizer):
     state_names = ("m", "v")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise DTypeError(f"Adam: betas must be a pair (beta1, beta2), got {betas!r}")
         super().__init__(params, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
                          weight_decay=weight_decay)
 

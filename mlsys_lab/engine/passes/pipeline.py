@@ -1,8 +1,9 @@
 """Pass pipelines: run passes in order, lint between them, keep every intermediate graph."""
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
-from ...errors import GraphError
+from ...errors import DTypeError, GraphError, UnknownNameError
 from ..graph import Graph
 from .rewrite import Pass
 
@@ -42,19 +43,34 @@ class PipelineResult:
 
 
 def as_pass(p):
-    """A :class:`Pass` from a Pass, a registered pass name, or a plain ``Graph -> Graph``."""
+    """A :class:`Pass` from a Pass, a registered pass name, or a plain ``Graph -> Graph``.
+
+    Raises:
+        UnknownNameError: no pass has that name; the message lists the known ones.
+        DTypeError: ``p`` is neither a name nor callable.
+    """
     if isinstance(p, Pass):
         return p
     if isinstance(p, str):
         from . import PASSES
 
-        try:
-            return PASSES[p]
-        except KeyError:
-            raise KeyError(f"no pass named {p!r}; known passes: {', '.join(PASSES)}") from None
+        if p not in PASSES:
+            raise UnknownNameError(f"no pass named {p!r}; known passes: {', '.join(PASSES)}")
+        return PASSES[p]
     if callable(p):
         return Pass(p, getattr(p, "name", None) or getattr(p, "__name__", "pass"))
-    raise TypeError(f"not a pass: {p!r}")
+    raise DTypeError(f"not a pass: {p!r} ({type(p).__name__}); give a Pass, a pass name or a "
+                     f"Graph -> Graph function")
+
+
+def _as_passes(passes):
+    """Every pass resolved up front, so a misspelt name fails before any pass runs."""
+    if isinstance(passes, (str, Pass)) or callable(passes):
+        passes = [passes]
+    elif not isinstance(passes, Iterable):
+        raise DTypeError(f"passes must be a list of passes or pass names, got "
+                         f"{type(passes).__name__}")
+    return [as_pass(p) for p in passes]
 
 
 def _lint(graph, after):
@@ -70,18 +86,20 @@ def run_pipeline(graph, passes):
     Args:
         graph: the input graph (left unchanged).
         passes: Pass objects, registered pass names (see ``PASSES``) or ``Graph -> Graph``
-            functions.
+            functions (one name or one function alone is also accepted).
 
     Returns:
         A :class:`PipelineResult` with the final ``graph`` and every ``stage``.
 
     Raises:
+        UnknownNameError: an unknown pass name (before any pass runs).
         GraphError: naming the pass whose output fails ``lint()``, which returned something other
             than a Graph, or which modified its input.
     """
+    passes = _as_passes(passes)
     _lint(graph, "pipeline input")
     stages, current = [], graph
-    for p in map(as_pass, passes):
+    for p in passes:
         before = current.pretty()
         out = p(current)
         if not isinstance(out, Graph):
@@ -96,7 +114,7 @@ def run_pipeline(graph, passes):
 
 def pipeline(*passes, name="pipeline"):
     """Compose ``passes`` into one :class:`Pass` that runs them with :func:`run_pipeline`."""
-    passes = [as_pass(p) for p in passes]
+    passes = _as_passes(passes)
 
     def run(graph):
         return run_pipeline(graph, passes).graph
