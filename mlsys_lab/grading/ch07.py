@@ -20,24 +20,16 @@ import numbers
 
 import numpy as np
 
-from mlsys_lab.grading.checks import Case, Exercise, Opaque, Raised, attempt, describe, register
-
-
-def _plain(value):
-    """numpy scalars in a result as Python numbers (lists, tuples and dicts walked through).
-
-    The wire would carry a numpy scalar as an array of shape (1,); a judge compares numbers.
-    """
-    if isinstance(value, np.generic):
-        return value.item()
-    if type(value) is list:
-        return [_plain(v) for v in value]
-    if type(value) is tuple:
-        return tuple(_plain(v) for v in value)
-    if type(value) is dict:
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    return value
-
+from mlsys_lab.grading.checks import (
+    Case,
+    Exercise,
+    Opaque,
+    Raised,
+    attempt,
+    describe,
+    plain,
+    register,
+)
 
 # ============================================================================= 7.1 planner
 # ----------------------------------------------------------------------------- inputs (both sides)
@@ -112,7 +104,7 @@ def _edge_lifetimes(seed):
 
 def _plan_raw(greedy_by_size, recs):
     """What the planner did with ``recs``: its answer and the input list afterwards."""
-    offsets = _plain(greedy_by_size(recs))
+    offsets = plain(greedy_by_size(recs))
     return {"offsets": offsets, "after": [(r.id, r.size, r.start, r.end) for r in recs]}
 
 
@@ -566,7 +558,7 @@ def _critical_cases(seed):
 
 
 def _schedule_raw(schedule, graph, workers, cost):
-    result = _plain(schedule(graph, workers, dict(cost)))
+    result = plain(schedule(graph, workers, dict(cost)))
     return {"result": result, "graph_after": graph.pretty()}
 
 
@@ -785,7 +777,7 @@ def _fp8_reference(bits, exp_bits, bias):
 
 
 def _decode_raw(decode_fp8, formats, patterns_of):
-    return [[_plain(decode_fp8(b, e, bias)) for b in patterns_of(e)] for e, bias in formats]
+    return [[plain(decode_fp8(b, e, bias)) for b in patterns_of(e)] for e, bias in formats]
 
 
 def _all_patterns(exp_bits):

@@ -24,7 +24,7 @@ import threading
 
 import numpy as np
 
-from mlsys_lab.grading.checks import Case, Exercise, describe, expect_close, register
+from mlsys_lab.grading.checks import Case, Exercise, describe, expect_close, plain, register
 
 # ----------------------------------------------------------------------------- shared helpers
 
@@ -76,22 +76,6 @@ def _names_in(node):
 def _last_index(subscript):
     index = subscript.slice
     return index.elts[-1] if isinstance(index, ast.Tuple) and index.elts else index
-
-
-def _plain(value):
-    """numpy scalars in a result as Python numbers (lists, tuples and dicts walked through).
-
-    The wire would carry a numpy scalar as an array of shape (1,); a judge compares numbers.
-    """
-    if isinstance(value, np.generic):
-        return value.item()
-    if type(value) is list:
-        return [_plain(v) for v in value]
-    if type(value) is tuple:
-        return tuple(_plain(v) for v in value)
-    if type(value) is dict:
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    return value
 
 
 # ============================================================================= 8.1 tiled CPU matmul
@@ -640,21 +624,21 @@ def _roof_args(seed):
 
 
 def _intensity_tiles_probe(tile_intensity, gemm_bytes, attainable, seed):
-    return [_plain(tile_intensity(m, n)) for m, n in _tile_sizes(seed)]
+    return [plain(tile_intensity(m, n)) for m, n in _tile_sizes(seed)]
 
 
 def _intensity_bytes_probe(tile_intensity, gemm_bytes, attainable, seed):
-    return [_plain(gemm_bytes(*args)) for args in _gemm_args(seed)]
+    return [plain(gemm_bytes(*args)) for args in _gemm_args(seed)]
 
 
 def _intensity_roof_probe(tile_intensity, gemm_bytes, attainable, seed):
-    return [_plain(attainable(*args)) for args in _roof_args(seed)]
+    return [plain(attainable(*args)) for args in _roof_args(seed)]
 
 
 def _intensity_book_probe(tile_intensity, gemm_bytes, attainable):
     # An 8×8 float32 thread tile whose every load comes from DRAM, on the book's RTX 3080, and
     # the whole book GEMM (2048×2048×1024, float32) reading A, B and writing C once.
-    return _plain([attainable(tile_intensity(8, 8) / 4, RTX3080_PEAK, RTX3080_BW),
+    return plain([attainable(tile_intensity(8, 8) / 4, RTX3080_PEAK, RTX3080_BW),
                    2 * 2048 * 2048 * 1024 / gemm_bytes(2048, 2048, 1024, 4)])
 
 
@@ -769,7 +753,7 @@ def _as_list(result):
     """The answer's outputs as a list (a list, a tuple or an array of numbers)."""
     if isinstance(result, np.ndarray):
         return [v.item() if isinstance(v, np.generic) else v for v in result.ravel()]
-    return _plain(list(result)) if isinstance(result, (list, tuple)) else result
+    return plain(list(result)) if isinstance(result, (list, tuple)) else result
 
 
 def _winograd_values_probe(winograd_f23, seed):

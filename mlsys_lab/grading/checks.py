@@ -45,6 +45,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from mlsys_lab.grading.wire import Opaque, Raised, raised
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "chapter_of",
     "check",
     "describe",
+    "plain",
     "describe_error",
     "exercises_for_chapter",
     "expect_close",
@@ -448,6 +451,20 @@ def run_cases_json(exercise_id: str, namespace: dict[str, Any], marker: str = MA
 
 
 # ----------------------------------------------------------------------------- helpers for cases
+
+
+def plain(value: Any) -> Any:
+    """numpy scalars in a result as Python numbers (lists, tuples and dicts walked through), so
+    a judge compares numbers with numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if type(value) is list:
+        return [plain(v) for v in value]
+    if type(value) is tuple:
+        return tuple(plain(v) for v in value)
+    if type(value) is dict:
+        return {plain(k): plain(v) for k, v in value.items()}
+    return value
 
 
 def describe(value: Any) -> str:
