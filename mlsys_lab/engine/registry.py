@@ -21,6 +21,24 @@ class AVal(NamedTuple):
     dtype: np.dtype
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """One implementation of an op on one device, as operator selection sees it.
+
+    Attributes:
+        name: what the kernel really is, as ``explain()`` prints it (``"cblas.sgemm"``,
+            ``"numba.relu_grad"``, ``"numpy.add"``).
+        out_fn: ``out_fn(out, *arrays, **attrs)`` writes the result into ``out`` (the arena
+            buffer the memory plan gave the node).
+        accepts: ``accepts(avals, out_aval, attrs) -> None`` when the kernel can run the node,
+            else a short reason (``"dtype float16"``), shown by ``explain()``.
+    """
+
+    name: str
+    out_fn: Callable
+    accepts: Callable = lambda avals, out, attrs: None
+
+
 @dataclass
 class Op:
     """One primitive operation.
@@ -39,7 +57,13 @@ class Op:
         impure: the result is not a function of the inputs alone (it draws fresh randomness
             on every run, like ``rng_seed``): passes never fold, merge or drop such a node,
             and tracing records it even when it has no traced input.
-        impls: extra kernels by device name, for operator selection.
+        view: for an op whose output is a view of its first input (reshape, transpose,
+            broadcast_to), ``view(x, **attrs) -> ndarray`` makes that numpy view; executors
+            then allocate no buffer for the output.
+        fusion: for a fusable elementwise op, the expression template the fused-kernel
+            generator writes for it (``"math.exp({0})"``; ``{i}`` is input i).
+        impls: the kernels operator selection may choose, by device name: a list of
+            :class:`Kernel`, most preferred first.
     """
 
     name: str
@@ -50,6 +74,8 @@ class Op:
     elementwise: bool = False
     inplace: tuple = ()
     impure: bool = False
+    view: Callable | None = None
+    fusion: str | None = None
     impls: dict = field(default_factory=dict)
 
     def __repr__(self):
