@@ -7,7 +7,10 @@ demo notebook (and chapter 8) with one hostile cell each, and assert the points.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import functools
+import importlib.util
 import inspect
 import json
 import sys
@@ -306,6 +309,242 @@ def test_an_unguardable_spec_is_rejected_with_advice():
                    forbidden=("numpy:matmul",))
     with pytest.raises(ValueError, match="cannot guard numpy.matmul"):
         guard.plan_for(bad)
+
+
+# ----------------------------------------------------------------------------- copies and wrappers
+
+
+def _guarded(specs, fn, *args):
+    """Call ``fn(*args)`` under a guard forbidding ``specs``: the refusal message, else None."""
+    exercise = Exercise("97.8", "x", (Case("c", 1, probe=abs, judge=abs),), "f", forbidden=specs)
+    try:
+        with guard.Guard(guard.plan_for(exercise)).watching():
+            fn(*args)
+    except guard.OffLimitsError as refusal:
+        return str(refusal)
+    return None
+
+
+def _imports_of(module) -> str:
+    """The module's own import statements, made absolute, as a cell would write them."""
+    out = []
+    for node in ast.parse(inspect.getsource(module)).body:
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            if node.level:
+                node.module = importlib.util.resolve_name(
+                    "." * node.level + (node.module or ""), module.__package__)
+                node.level = 0
+            out.append(ast.unparse(node))
+        elif isinstance(node, ast.Import):
+            out.append(ast.unparse(node))
+    return "\n".join(out) + "\n"
+
+
+def _renamed(fn, name: str) -> str:
+    """``fn``'s source with the function, its arguments and every local renamed, the docstring
+    rewritten and decorators dropped."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    node = tree.body[0]
+    node.name, node.decorator_list = name, []
+    if ast.get_docstring(node):
+        node.body[0].value.value = "My own version, honest."
+    bound = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+    bound |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, (ast.Store, ast.Del))}
+    new = {old: f"v{i}" for i, old in enumerate(sorted(bound, reverse=True))}  # reorders cells
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and n.id in new:
+            n.id = new[n.id]
+        elif isinstance(n, ast.arg) and n.arg in new:
+            n.arg = new[n.arg]
+    return ast.unparse(tree) + "\n"
+
+
+def _paste(fn, layout: str, name: str = "mine"):
+    """``fn`` pasted into a cell, renamed throughout: in the module's namespace without its
+    imports, with the module's imports in the cell, or inside a function that does the imports
+    (so the module's names are a closure's free variables)."""
+    module = sys.modules[fn.__module__]
+    source = _renamed(fn, name)
+    if layout == "own imports":
+        source = _imports_of(module) + "\n" + source
+    elif layout == "inside a function":
+        body = _imports_of(module) + source + f"return {name}\n"
+        source = "def cell():\n" + textwrap.indent(body, "    ") + f"\n{name} = cell()\n"
+    scope = dict(vars(module))
+    exec(compile("\n\n" + source, "<pasted cell>", "exec"), scope)
+    return scope[name]
+
+
+LAYOUTS = ["no imports", "own imports", "inside a function"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pasted_kahn_is_refused_in_any_layout(layout):
+    result = run_cases("97.1", _paste(schedule.kahn, layout))
+    assert result.score == 0, f"kahn pasted ({layout}) got through"
+    assert _feedback(result) == (
+        "this exercise asks you to write Kahn's algorithm yourself; "
+        "`mlsys_lab.engine.schedule.kahn` is off limits here (your `mine` is a copy of its code)"
+    )
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("helper", ["_merge_equal_consts", "attr_key"])
+def test_pasted_frontend_helpers_are_refused_in_any_layout(helper, layout):
+    from mlsys_lab.engine.passes import frontend
+
+    spec = f"mlsys_lab.engine.passes.frontend:{helper}"
+    pasted = _paste(getattr(frontend, helper), layout)
+    args = (None, types.SimpleNamespace(consts={}), 0) if helper == "_merge_equal_consts" else (1,)
+    assert "is a copy of its code" in (_guarded((spec,), pasted, *args) or "got through")
+
+
+def honest_merge(rw, graph, max_bytes):
+    """Merge equal small constants: written from the idea, not from the library's code."""
+    first = {}
+    for name in list(graph.consts):
+        array = graph.consts[name]
+        if array.nbytes > max_bytes:
+            continue
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in first:
+            first[key] = rw[name]
+            continue
+        duplicate = rw[name]
+        rw.bind(name, first[key])
+        del rw.consts[duplicate]
+
+
+def test_honest_implementations_of_the_same_idea_are_not_copies():
+    spec = "mlsys_lab.engine.passes.frontend:_merge_equal_consts"
+    for honest in (honest_merge, honest_kahn):  # both big enough to be fingerprinted
+        assert guard._identity(honest.__code__)[1] >= guard.DISTINCTIVE
+    assert _guarded((spec,), honest_merge, None, types.SimpleNamespace(consts={}), 0) is None
+    assert run_cases("97.1", _paste(honest_kahn, "inside a function")).score == 1
+
+
+def _one_line_formula(d, g):  # stands for a short library function
+    return np.correlate(np.asarray(d, np.float64), np.asarray(g, np.float64), "valid").tolist()
+
+
+INDEPENDENT_FORMULA = """
+import numpy as np
+
+
+def correlate_by_hand(x, w):
+    return np.correlate(np.asarray(x, np.float64), np.asarray(w, np.float64), "full").tolist()
+"""
+
+
+def test_a_short_formula_is_matched_by_origin_only():
+    """A one-liner written independently reads the same as the library's (the same calls, other
+    names and mode): that is no evidence of a copy. It is 198 bytes of Python 3.11 bytecode
+    (inline caches) but 19 instructions."""
+    scope: dict = {}
+    exec(compile(INDEPENDENT_FORMULA, "<cell>", "exec"), scope)
+    mine = scope["correlate_by_hand"]
+    spec = f"{__name__}:_one_line_formula"
+    assert len(mine.__code__.co_code) >= 100  # the old size rule called it distinctive
+    assert _guarded((spec,), mine, [1.0, 2.0], [1.0]) is None
+    assert "off limits here" in _guarded((spec,), _one_line_formula, [1.0, 2.0], [1.0])
+
+
+@pytest.mark.parametrize("spec", ["mlsys_lab.engine.passes:cancel_transposes",
+                                  "mlsys_lab.engine.passes.backend:cancel_transposes"])
+def test_a_graph_pass_can_be_forbidden(spec):
+    from mlsys_lab.engine import passes
+
+    def f(x):
+        return ml.ops.transpose(ml.ops.transpose(x, (1, 0)), (1, 0))
+
+    graph = ml.trace(f, np.zeros((2, 3), np.float32))
+    refusal = _guarded((spec,), passes.cancel_transposes, graph)
+    assert refusal is not None and f"`{spec.replace(':', '.')}` is off limits here" in refusal
+    assert _guarded((spec,), passes.cancel_transposes(), graph) is not None  # a configured pass
+
+
+class _Holder:
+    """A wrapper that keeps the wrapped function in ``.fn``, as a ``Pass`` does."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def test_wrappers_stand_for_the_function_they_wrap():
+    from mlsys_lab.engine.passes.rewrite import Pass
+
+    kahn = schedule.kahn
+    wrappers = {
+        "a_partial": functools.partial(kahn, steps=None),
+        "a_wraps_decorated_function": functools.wraps(kahn)(lambda *a, **k: kahn(*a, **k)),
+        "a_pass": Pass(kahn),
+        "an_object_with_fn": _Holder(kahn),
+        "a_staticmethod": staticmethod(kahn),
+        "a_partial_of_a_pass": functools.partial(Pass(kahn)),
+    }
+    module = types.ModuleType("_guard_test_wrappers")
+    vars(module).update(wrappers)
+    sys.modules[module.__name__] = module
+    try:
+        for name, wrapper in wrappers.items():
+            assert guard._unwrap(wrapper) is kahn, name
+            plan = guard.plan_for(Exercise("97.8", "x", (Case("c", 1, probe=abs, judge=abs),),
+                                           "f", forbidden=(f"{module.__name__}:{name}",)))
+            wheres = {(e["file"], e["line"], e["qualname"]) for e in plan["code"]}
+            assert guard._where(kahn.__code__) in wheres, name
+    finally:
+        del sys.modules[module.__name__]
+
+
+class _SubArray(np.ndarray):
+    pass
+
+
+class _SubDict(dict):
+    pass
+
+
+def test_c_methods_are_refused_on_every_class_that_inherits_them():
+    specs = ("numpy:generic.view", "numpy:ndarray.mean", "builtins:dict.fromkeys")
+    sub = np.arange(3.0).view(_SubArray)
+    refused = {
+        "a numpy scalar's view": lambda: np.uint16(15360).view(np.float16),
+        "an ndarray subclass's mean": lambda: sub.mean(),
+        "ndarray.mean called on a subclass": lambda: np.ndarray.mean(sub),
+        "ndarray.mean": lambda: np.arange(3.0).mean(),
+        "a C classmethod through a subclass": lambda: _SubDict.fromkeys("ab"),
+    }
+    for how, call in refused.items():
+        refusal = _guarded(specs, call)
+        assert refusal is not None and "off limits here" in refusal, how
+    assert "`numpy.generic.view`" in _guarded(specs, refused["a numpy scalar's view"])
+    allowed = {  # the same names on classes that do not inherit the forbidden method
+        "ndarray.view": lambda: np.arange(3.0).view(np.int64),
+        "a numpy scalar's mean (generic.mean)": lambda: np.float64(2.0).mean(),
+        "another method of the class": lambda: _SubDict(a=1).get("a"),
+    }
+    for how, call in allowed.items():
+        assert _guarded(specs, call) is None, how
+
+
+def test_a_forbidden_dataclass_does_not_refuse_every_dataclass():
+    """Every dataclass's generated ``__init__`` is compiled at ("<string>", 2, ...): the origin
+    alone cannot tell them apart."""
+    from mlsys_lab.engine.memory import Lifetime
+
+    @dataclasses.dataclass
+    class Mine:
+        name: str
+        bytes: int = 0
+
+    spec = ("mlsys_lab.engine.memory:Lifetime",)
+    assert guard._where(Mine.__init__.__code__) == guard._where(Lifetime.__init__.__code__)
+    assert _guarded(spec, Mine, "a", 3) is None
+    assert "Lifetime.__init__` is off limits here" in _guarded(spec, Lifetime, "a", 3, 0, 1)
 
 
 # ----------------------------------------------------------------------------- Numba

@@ -1,11 +1,13 @@
 """The forbidden-functions guard: while a probe runs the student's code, shortcuts refuse to run.
 
 Each ``Exercise`` names the library functions that would solve it (``forbidden=(...)``, specs
-like ``"mlsys_lab.engine.schedule:kahn"``), and the grader's own reference answers — every
-function in the chapter check modules (``mlsys_lab/grading/chNN.py``) that the exercise's probes
-do not use — are added automatically. ``plan_for(exercise)`` turns that into plain data (where
-each forbidden function's code was defined, and a fingerprint of its bytecode); the grader
-computes it in its own process and sends it to the kernel, ``check()`` computes it in place.
+like ``"mlsys_lab.engine.schedule:kahn"``; a wrapper such as a ``@graph_pass`` object, a
+``functools.partial`` or a Numba dispatcher stands for the function it wraps), and the grader's
+own reference answers — every function in the chapter check modules
+(``mlsys_lab/grading/chNN.py``) that the exercise's probes do not use — are added automatically.
+``plan_for(exercise)`` turns that into plain data (where each forbidden function's code was
+defined, and a fingerprint of its code); the grader computes it in its own process and sends it
+to the kernel, ``check()`` computes it in place.
 
 ``Guard(plan)`` enforces it in the kernel. While a probe runs (``with guard.watching():``):
 
@@ -13,13 +15,17 @@ computes it in its own process and sends it to the kernel, ``check()`` computes 
   looks at every function that starts. Code is matched by *where it was defined* (file, first
   line, qualified name) — so saved references, bound methods, ``f = kahn`` and
   ``types.FunctionType(kahn.__code__, ...)`` are all caught — and, for functions big enough to
-  be distinctive, by a fingerprint of bytecode, names and non-string constants, so a copy of the
-  library's source pasted into a cell is caught too (renamed locals, edited docstrings and
-  messages included). A match raises ``OffLimitsError`` and records the refusal; a refusal
-  sticks, so catching the error does not help.
+  be distinctive (``DISTINCTIVE`` instructions), by a fingerprint of their normalised
+  instruction stream, so a copy of the library's source pasted into a cell is caught too
+  (renamed locals, edited docstrings and messages, with or without the module's imports, at
+  module level or nested in a function). A fingerprint is computed once per code object, and
+  only for code that is not part of the installed Python or packages. A match raises
+  ``OffLimitsError`` and records the refusal; a refusal sticks, so catching the error does not
+  help.
 * C functions named in the plan (``"math:fsum"``, ``"numpy:ndarray.mean"``) are refused when
-  Python code calls them (a call made from C, ``map(math.fsum, ...)``, is not seen: prefer to
-  forbid the Python function behind a C entry point, or to check what C cannot do).
+  Python code calls them, on any object whose class inherits the method (a call made from C,
+  ``map(math.fsum, ...)``, is not seen: prefer to forbid the Python function behind a C entry
+  point, or to check what C cannot do).
 * Numba: a compiled dispatcher runs native code that no profile hook sees. Every dispatcher whose
   Python function matches the plan, or whose compiled code calls such a dispatcher, has its
   compiled entry points switched off for the duration (calls then fall back into the
@@ -36,6 +42,7 @@ the check (Python < 3.12 cannot watch those), is deliberate reverse engineering 
 
 from __future__ import annotations
 
+import dis
 import gc
 import glob
 import hashlib
@@ -43,15 +50,19 @@ import importlib
 import inspect
 import os
 import sys
+import sysconfig
 import threading
 import types
+import weakref
 from typing import Any, Iterable
 
 __all__ = ["Guard", "OffLimitsError", "fingerprint", "plan_for", "unguarded"]
 
-#: Functions with at least this many bytes of bytecode are also matched by fingerprint (a pasted
-#: copy); smaller ones (``return x * x``) look like honest answers, so only their origin counts.
-DISTINCTIVE = 100
+#: Functions with at least this many instructions (normalised, see ``fingerprint``) are also
+#: matched by fingerprint, as a pasted copy; smaller ones (``return x * x``, a one-line numpy
+#: formula) look like honest answers, so only their origin counts. Counted in instructions, not
+#: bytes: Python 3.11's inline caches make ``np.f(x)`` alone 30 bytes.
+DISTINCTIVE = 40
 _GRADING_DIR = os.path.dirname(os.path.realpath(__file__))
 _ACTIVE: Guard | None = None
 
@@ -62,11 +73,33 @@ class OffLimitsError(RuntimeError):
 
 # ----------------------------------------------------------------------------- code identity
 
+#: Instructions that say nothing about what a function does, or depend on where it was compiled.
+_DROP = frozenset({"CACHE", "EXTENDED_ARG", "NOP", "RESUME", "PRECALL", "PUSH_NULL", "MAKE_CELL",
+                   "COPY_FREE_VARS"})
+#: Variable access by kind: a local's name is replaced by its position (arguments) or its order
+#: of first use; a global's (or a free variable's) name is kept, so ``np`` defined at module
+#: level or in an enclosing function reads the same.
+_LOCAL_OPS = {"LOAD_FAST": "LOAD", "LOAD_FAST_CHECK": "LOAD", "LOAD_FAST_AND_CLEAR": "LOAD",
+              "LOAD_DEREF": "LOAD", "LOAD_CLASSDEREF": "LOAD", "LOAD_FROM_DICT_OR_DEREF": "LOAD",
+              "STORE_FAST": "STORE", "STORE_DEREF": "STORE", "DELETE_FAST": "DELETE",
+              "DELETE_DEREF": "DELETE", "LOAD_FAST_LOAD_FAST": "LOAD",
+              "STORE_FAST_STORE_FAST": "STORE", "STORE_FAST_LOAD_FAST": "STORE_LOAD"}
+_GLOBAL_OPS = {"LOAD_GLOBAL": "LOAD", "LOAD_NAME": "LOAD", "LOAD_FROM_DICT_OR_GLOBALS": "LOAD",
+               "STORE_GLOBAL": "STORE", "STORE_NAME": "STORE", "DELETE_GLOBAL": "DELETE",
+               "DELETE_NAME": "DELETE"}
+#: ``np.f(x)`` compiles to LOAD_ATTR when the same code unit imports ``np``, else to LOAD_METHOD.
+_RENAMED = {"LOAD_METHOD": "LOAD_ATTR"}
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+#: co_flags that change what a function is (varargs, generators, coroutines), not how it was
+#: compiled (nested, ``from __future__ import annotations``).
+_FLAGS = 0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200
+_IDENTITY: dict[int, tuple[Any, str, int]] = {}  # id(code) -> (weakref to it, fingerprint, size)
+
 
 def _norm_const(value: Any) -> str:
     if isinstance(value, types.CodeType):
         return "code:" + fingerprint(value)
-    if value is None or isinstance(value, (str, bytes)):
+    if isinstance(value, (str, bytes)):
         return "s"  # docstrings and messages may be edited in a copy
     if isinstance(value, (tuple, frozenset)):
         parts = [_norm_const(v) for v in value]
@@ -74,16 +107,104 @@ def _norm_const(value: Any) -> str:
     return f"{type(value).__name__}:{value!r}"
 
 
+def _normalise(code: types.CodeType, outer: dict[str, str] | None = None) -> tuple[str, int]:
+    """(fingerprint, number of instructions) of a code object's normalised instruction stream.
+
+    ``outer`` names the enclosing function's tokens for this code's free variables (when it is
+    hashed as a constant of that function), so a closure over a renamed local still matches.
+    """
+    nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(
+        code.co_flags & 0x08)
+    tokens = {name: f"A{i}" for i, name in enumerate(code.co_varnames[:nargs])}
+    free = set(code.co_freevars)
+    n_locals = 0
+
+    def token(name: str) -> str:
+        nonlocal n_locals
+        if name not in tokens:
+            if name in free:
+                tokens[name] = (outer or {}).get(name) or f"G:{name}"
+            else:
+                tokens[name] = f"L{n_locals}"
+                n_locals += 1
+        return tokens[name]
+
+    instructions = list(dis.get_instructions(code))
+    index, kept = {}, 0  # jump target offset -> index of the next kept instruction
+    for ins in instructions:
+        index[ins.offset] = kept
+        kept += ins.opname not in _DROP
+    parts = [f"{code.co_argcount},{code.co_posonlyargcount},{code.co_kwonlyargcount},"
+             f"{code.co_flags & _FLAGS}"]
+    for ins in instructions:
+        op, arg = ins.opname, ins.argval
+        if op in _DROP:
+            continue
+        if op in _LOCAL_OPS:
+            names = arg if isinstance(arg, tuple) else (arg,)
+            toks = [token(n) for n in names]
+            scope = "G" if all(t.startswith("G:") for t in toks) else "L"
+            text = f"{_LOCAL_OPS[op]}_{scope} {','.join(toks)}"
+        elif op in _GLOBAL_OPS:
+            text = f"{_GLOBAL_OPS[op]}_G G:{arg}"
+        elif op == "LOAD_CLOSURE":  # emitted in alphabetical order of the captured names
+            text = op
+        elif op == "KW_NAMES":
+            text = f"{op} {arg!r}"
+        elif isinstance(arg, types.CodeType):
+            inner = {n: token(n) if n in tokens or n in free else "F" for n in arg.co_freevars}
+            text = f"{op} code:{_normalise(arg, inner)[0]}"
+        elif ins.opcode in dis.hasconst:
+            text = f"{op} {_norm_const(arg)}"
+        elif ins.opcode in _JUMPS:
+            text = f"{op} ->{index.get(arg, arg)}"
+        else:
+            text = f"{_RENAMED.get(op, op)} {arg!r}" if ins.arg is not None else op
+        parts.append(text)
+    digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
+    return digest, kept
+
+
+def _identity(code: types.CodeType) -> tuple[str, int]:
+    """``(fingerprint(code), its instruction count)``, computed once per code object."""
+    known = _IDENTITY.get(id(code))
+    if known is not None and known[0]() is code:
+        return known[1], known[2]
+    fp, size = _normalise(code)
+    key = id(code)
+    _IDENTITY[key] = (weakref.ref(code, lambda _, key=key: _IDENTITY.pop(key, None)), fp, size)
+    return fp, size
+
+
+_PATHS = sysconfig.get_paths()
+#: No answer cell writes code here: the installed Python and packages, and the grading package.
+_NOT_STUDENT_DIRS = tuple(sorted({os.path.realpath(_PATHS[k]) + os.sep for k in (
+    "stdlib", "platstdlib", "purelib", "platlib")} | {_GRADING_DIR + os.sep}))
+_NOT_STUDENT_CODE: dict[str, bool] = {}  # filename -> whether it is in _NOT_STUDENT_DIRS
+
+
+def _may_be_a_copy(code: types.CodeType) -> bool:
+    """Whether ``code`` is worth fingerprinting: big enough, and not from ``_NOT_STUDENT_DIRS``."""
+    if len(code.co_code) < 2 * DISTINCTIVE:  # every instruction is at least 2 bytes
+        return False
+    name = code.co_filename
+    skip = _NOT_STUDENT_CODE.get(name)
+    if skip is None:
+        skip = not _synthetic(name) and os.path.realpath(name).startswith(_NOT_STUDENT_DIRS)
+        _NOT_STUDENT_CODE[name] = skip
+    return not skip
+
+
 def fingerprint(code: types.CodeType) -> str:
-    """A hash of a code object's bytecode, global/attribute names and non-string constants
-    (nested code included); the same for a copy compiled from pasted source."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(code.co_code)
-    h.update(repr(code.co_names).encode())
-    for const in code.co_consts:
-        h.update(_norm_const(const).encode())
-        h.update(b"|")
-    return h.hexdigest()
+    """A hash of a code object's normalised instruction stream (nested code included): the same
+    for a copy compiled from pasted source with renamed locals, edited docstrings and messages,
+    with or without the module's imports, at module level or inside a function.
+
+    Global and attribute names, numbers and the control flow are kept; local names, string
+    constants, inline caches and call-protocol details (LOAD_METHOD vs LOAD_ATTR, PRECALL,
+    PUSH_NULL) are not.
+    """
+    return _identity(code)[0]
 
 
 def _qualname(code: types.CodeType) -> str:
@@ -104,35 +225,53 @@ def _codes(code: types.CodeType) -> Iterable[types.CodeType]:
             yield from _codes(const)
 
 
+def _synthetic(filename: str) -> bool:
+    """Code compiled from a string (``exec``, dataclasses, namedtuples): its file, line and name
+    say nothing about what it is."""
+    return filename.startswith("<")
+
+
 def _entry(code: types.CodeType, label: str) -> dict:
-    """One forbidden function as plain data; ``label`` is how refusals name it."""
+    """One forbidden function as plain data; ``label`` is how refusals name it.
+
+    ``distinctive``: big enough to be matched by fingerprint alone (a pasted copy).
+    """
     path, line, qualname = _where(code)
-    size = len(code.co_code)
-    fp = fingerprint(code) if size >= DISTINCTIVE else None
+    fp, size = _identity(code)
     return {"label": label, "file": path, "line": line, "qualname": qualname, "size": size,
-            "fp": fp}
+            "fp": fp, "distinctive": size >= DISTINCTIVE}
 
 
 # ----------------------------------------------------------------------------- the plan
 
 
+#: Where wrapper objects keep the function they wrap, in the order tried: methods and
+#: static/class methods, Numba dispatchers, numpy's array-function dispatchers,
+#: ``functools.wraps``, ``functools.partial``, ``@graph_pass`` objects and the CUDA simulator's
+#: kernels.
+_WRAPPED = ("__func__", "py_func", "_implementation", "__wrapped__", "func", "fn")
+_PLAIN = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodDescriptorType,
+          types.WrapperDescriptorType, property)
+
+
 def _unwrap(obj: Any) -> Any:
-    """The plain function (or class / C function) behind a wrapper object."""
+    """The plain function (or class / C function / property) behind a wrapper object.
+
+    A Python function is unwrapped only through ``__wrapped__`` (``functools.wraps``); any other
+    callable object through the first of ``_WRAPPED`` that holds a callable.
+    """
     for _ in range(8):
-        if isinstance(obj, (staticmethod, classmethod, types.MethodType)):
-            obj = obj.__func__
-        elif isinstance(obj, property):
-            return obj
-        elif hasattr(obj, "py_func") and callable(obj):  # a Numba dispatcher
-            obj = obj.py_func
-        elif type(obj).__name__ == "FakeCUDAKernel" and hasattr(obj, "fn"):  # CUDA simulator
-            obj = obj.fn
-        elif hasattr(obj, "_implementation"):  # numpy's array-function dispatchers
-            obj = obj._implementation
-        elif hasattr(obj, "__wrapped__") and not isinstance(obj, type):
-            obj = obj.__wrapped__
-        elif hasattr(obj, "func") and type(obj).__name__ == "partial":
-            obj = obj.func
+        if isinstance(obj, _PLAIN):
+            break
+        names = ("__wrapped__",) if isinstance(obj, types.FunctionType) else _WRAPPED
+        for name in names:
+            try:
+                inner = getattr(obj, name, None)
+            except Exception:  # a property of the wrapper that fails
+                inner = None
+            if inner is not None and inner is not obj and callable(inner):
+                obj = inner
+                break
         else:
             break
     return obj
@@ -158,16 +297,17 @@ def _targets(obj: Any, label: str) -> tuple[list[dict], list[dict]]:
         return code, builtin
     if isinstance(obj, (types.BuiltinFunctionType, types.MethodDescriptorType,
                         types.WrapperDescriptorType)):
-        owner_cls = getattr(obj, "__objclass__", None)
-        if owner_cls is not None:
+        self = getattr(obj, "__self__", None)
+        owner_cls = getattr(obj, "__objclass__", self if isinstance(self, type) else None)
+        if owner_cls is not None:  # a method, or a classmethod (``dict.fromkeys``)
             owner = f"{owner_cls.__module__}.{owner_cls.__qualname__}"
         else:
-            self = getattr(obj, "__self__", None)
             owner = self.__name__ if isinstance(self, types.ModuleType) else obj.__module__
-        return [], [{"label": f"`{label}`", "qualname": obj.__qualname__, "owner": owner}]
+        return [], [{"label": f"`{label}`", "name": obj.__name__, "owner": owner}]
     raise ValueError(
         f"cannot guard {label}: a {type(obj).__name__} is neither a Python function, a class, a "
-        f"Numba dispatcher nor a C function; check the idea instead of forbidding it"
+        f"wrapper of one (a Numba dispatcher, a Pass) nor a C function; check the idea instead "
+        f"of forbidding it"
     )
 
 
@@ -295,7 +435,7 @@ def _make_plan(exercise) -> dict:
         code.append(_entry(ref, label))
     for entry in code:  # a probe helper with the same bytecode must not be refused
         if entry["fp"] in used_fps:
-            entry["fp"] = None
+            entry["distinctive"] = False
     return {"task": task_of(exercise), "code": code, "builtins": builtin}
 
 
@@ -365,14 +505,20 @@ class Guard:
 
     def __init__(self, plan: dict):
         self.task = plan.get("task", "this")
-        self._by_where = {(e["file"], e["line"], e["qualname"]): e["label"] for e in plan["code"]}
-        self._by_size: dict[int, dict[str, str]] = {}
+        self._by_where: dict[tuple, str] = {}
+        self._by_synthetic: dict[tuple, dict[str, str]] = {}  # where -> {fingerprint: label}
+        self._by_fp: dict[str, str] = {}
         for e in plan["code"]:
-            if e.get("fp"):
-                self._by_size.setdefault(e["size"], {})[e["fp"]] = e["label"]
+            where = (e["file"], e["line"], e["qualname"])
+            if _synthetic(e["file"]):  # every dataclass's __init__ comes from ("<string>", 2, ...)
+                self._by_synthetic.setdefault(where, {})[e["fp"]] = e["label"]
+            else:
+                self._by_where[where] = e["label"]
+            if e["distinctive"]:
+                self._by_fp.setdefault(e["fp"], e["label"])
         self._c_funcs: dict[str, dict[str, str]] = {}
         for e in plan.get("builtins", ()):
-            self._c_funcs.setdefault(e["qualname"], {})[e["owner"]] = e["label"]
+            self._c_funcs.setdefault(e["name"], {})[e["owner"]] = e["label"]
         self._watched_c = _watched_builtins()
         self._watched_py = _watched_python()
         self.violations: list[str] = []
@@ -380,21 +526,29 @@ class Guard:
         self._lifted = 0
         self._closing = True
         self._thread = threading.get_ident()
-        self._dispatchers: dict[int, tuple[Any, str]] = {}
-        self._entry_points: dict[int, tuple[Any, str]] = {}
+        self._dispatchers: dict[int, tuple[Any, tuple[str, str]]] = {}
+        self._entry_points: dict[int, tuple[Any, tuple[str, str]]] = {}
         self._dispatch_codes: dict[int, types.CodeType] = {}
         self._found: list | None = None
         self.hook = self._hook  # one bound-method object, so ``sys.getprofile() is`` works
 
     # -- matching -------------------------------------------------------------------------
 
-    def _label(self, code: types.CodeType) -> str | None:
-        label = self._by_where.get(_where(code))
-        if label is None:
-            bucket = self._by_size.get(len(code.co_code))
-            if bucket:
-                label = bucket.get(fingerprint(code))
-        return label
+    def _label(self, code: types.CodeType) -> tuple[str, str] | None:
+        """(label, note) when ``code`` is forbidden: its origin matches, or it is a copy."""
+        where = _where(code)
+        label = self._by_where.get(where)
+        if label is None and where in self._by_synthetic:
+            label = self._by_synthetic[where].get(fingerprint(code))
+        if label is not None:
+            return label, ""
+        if self._by_fp and _may_be_a_copy(code):
+            fp, size = _identity(code)
+            label = self._by_fp.get(fp) if size >= DISTINCTIVE else None
+            if label is not None:
+                name = where[2].rpartition("<locals>.")[2]
+                return label, f" (your `{name}` is a copy of its code)"
+        return None
 
     def _classify(self, code: types.CodeType) -> tuple:
         label = self._label(code)
@@ -415,12 +569,13 @@ class Guard:
             self.violations.append(message)
         raise OffLimitsError(message)
 
-    def _refuse(self, label: str, tamper: bool = False) -> None:
+    def _refuse(self, label: tuple[str, str] | str, tamper: bool = False) -> None:
         if tamper:
             self._violation(f"your code called `{label}`, which switches off the check's watch "
                             f"for off-limits functions; the check cannot trust this result")
+        label, note = label
         self._violation(f"this exercise asks you to write {self.task} yourself; {label} is off "
-                        f"limits here")
+                        f"limits here{note}")
 
     def _hook(self, frame, event, arg):
         if self._closing:
@@ -448,19 +603,20 @@ class Guard:
             if id(arg) in self._entry_points and self._entry_points[id(arg)][0] is arg:
                 label = self._entry_points[id(arg)][1]
             else:
-                owners = self._c_funcs.get(getattr(arg, "__qualname__", None))
+                owners = self._c_funcs.get(getattr(arg, "__name__", None))
                 if owners is None:
                     return
-                label = owners.get(_owner(arg))
+                label = _c_label(arg, owners)
                 if label is None:
                     return
+                label = (label, "")
             if self._lifted and threading.get_ident() == self._thread:
                 return
             self._refuse(label)
 
     # -- Numba ----------------------------------------------------------------------------
 
-    def _dispatcher_label(self, dispatcher) -> str | None:
+    def _dispatcher_label(self, dispatcher) -> tuple[str, str] | None:
         if dispatcher is None:
             return None
         known = self._dispatchers.get(id(dispatcher))
@@ -484,7 +640,7 @@ class Guard:
     def _switch_off_dispatchers(self) -> None:
         """Find every compiled dispatcher that runs forbidden code and switch its entries off."""
         mod = sys.modules.get("numba.core.dispatcher")
-        if mod is None or not (self._by_where or self._by_size):
+        if mod is None or not (self._by_where or self._by_synthetic or self._by_fp):
             return
         for cls in mod.Dispatcher.__mro__ + _cuda_dispatcher_classes():
             if cls.__module__.startswith("numba"):
@@ -494,7 +650,7 @@ class Guard:
                         self._dispatch_codes[id(fn.__code__)] = fn.__code__
         if self._found is None:  # once per guard: later copies are caught when they compile
             self._found = [o for o in gc.get_objects() if isinstance(o, mod._DispatcherBase)]
-        off: dict[int, tuple[Any, str]] = {}
+        off: dict[int, tuple[Any, tuple[str, str]]] = {}
         for d in self._found:
             label = self._dispatcher_label(d)
             if label is not None:
@@ -512,8 +668,8 @@ class Guard:
                                if isinstance(t, nbtypes.Dispatcher) and id(t.dispatcher) in off]
                     if callees:
                         name = getattr(d.py_func, "__qualname__", "?")
-                        label = f"{off[id(callees[0])][1]}, called from the compiled `{name}`,"
-                        off[id(d)] = (d, label)
+                        label, note = off[id(callees[0])][1]
+                        off[id(d)] = (d, (f"{label}, called from the compiled `{name}`,", note))
                         changed = True
                         break
         self._dispatchers = off
@@ -581,14 +737,35 @@ def _cuda_dispatcher_classes() -> tuple[type, ...]:
     return cls.__mro__ if isinstance(cls, type) else ()
 
 
-def _owner(builtin) -> str:
+def _c_label(builtin, owners: dict[str, str]) -> str | None:
+    """The label of a C function Python code is calling, if the plan forbids it.
+
+    ``owners`` maps owners (a module, ``numpy.ndarray``) to labels for the function's name. A
+    method matches when any class in its object's MRO is an owner that defines this very
+    method, so ``numpy:generic.view`` covers ``np.uint16(x).view`` and ``numpy:ndarray.mean`` an
+    ndarray subclass's ``mean``.
+    """
     self = getattr(builtin, "__self__", None)
     if isinstance(self, types.ModuleType):
-        return self.__name__
+        return owners.get(self.__name__)
     if self is None:
-        return getattr(builtin, "__module__", None) or ""
-    cls = type(self)
-    return f"{cls.__module__}.{cls.__qualname__}"
+        return owners.get(getattr(builtin, "__module__", None) or "")
+    bound_to_class = isinstance(self, type)  # a classmethod: ``dict.fromkeys``
+    for cls in self.__mro__ if bound_to_class else type(self).__mro__:
+        label = owners.get(f"{cls.__module__}.{cls.__qualname__}")
+        if label is None:
+            continue
+        method = vars(cls).get(builtin.__name__)
+        try:  # the same C function bound to the same object compares equal
+            if bound_to_class:
+                same = method.__get__(None, self) == builtin
+            else:
+                same = method.__get__(self, type(self)) == builtin
+        except Exception:  # not a descriptor we can rebind: trust the name
+            same = True
+        if same:
+            return label
+    return None
 
 
 class _Window:
