@@ -941,7 +941,8 @@ register(
         title="Decode every bit pattern of an 8-bit float",
         target="decode_fp8",
         task="the bit-level decoding",
-        forbidden=("numpy:frombuffer", "numpy:ndarray.view", "struct:unpack"),
+        forbidden=("numpy:frombuffer", "numpy:ndarray.view", "numpy:generic.view",
+                   "struct:unpack"),
         cases=(
             Case("normal numbers (E4M3 bias 9, E6M1 bias 40, E2M5 bias 2)", 1,
                  feedback="(-1)^s · 2^(e - bias) · (1 + m / 2^M)",
