@@ -14,12 +14,11 @@ difference between fused and unfused results in ulps, and the speed-up (target f
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 import mlsys_lab as ml
+from mlsys_lab import timing
 from mlsys_lab.engine.passes import fuse_elementwise
 from mlsys_lab.engine.passes.fusion import fused_elementwise_numba
 from mlsys_lab.engine.passes.testing import run_graph, ulp_distance
@@ -31,19 +30,6 @@ def numpy_chain(x, a, b, c):
     t = np.maximum(t, 0)
     t = np.tanh(t)
     return np.multiply(t, c)
-
-
-def interleaved_median_ms(fns, repeats):
-    """Median time in ms of each of ``fns``, run one after the other ``repeats`` times."""
-    for fn in fns:
-        fn()  # warm-up (and, for Numba, compilation)
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    return [1e3 * statistics.median(ts) for ts in times]
 
 
 def main():
@@ -68,11 +54,12 @@ def main():
     names = ["unfused: numpy, one op at a time", "fused: generated Numba kernel",
              f"unfused graph ({len(graph.nodes)} nodes), run_graph",
              f"fused graph ({len(fused.nodes)} node), run_graph cpu-numba"]
-    ms = interleaved_median_ms([
-        lambda: numpy_chain(x, a, b, c),
-        lambda: fused_elementwise_numba(*inputs, program=program),
-        lambda: run_graph(graph, x),
-        lambda: run_graph(fused, x, device="cpu-numba")], args.repeats)
+    fns = [lambda: numpy_chain(x, a, b, c),
+           lambda: fused_elementwise_numba(*inputs, program=program),  # warm-up compiles it
+           lambda: run_graph(graph, x),
+           lambda: run_graph(fused, x, device="cpu-numba")]
+    result = timing.compare(dict(zip(names, fns)), rounds=args.repeats, stat="median")
+    ms = [1e3 * result[name] for name in names]
     print(f"tanh(relu(x*a + b)) * c on {args.size:,} {dt.name} values, median of "
           f"{args.repeats} interleaved runs; fused vs numpy: at most {ulps:.0f} ulp apart")
     for name, t in zip(names, ms):

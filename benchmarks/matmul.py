@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import numba
 import numpy as np
 
+from mlsys_lab import timing
 from mlsys_lab.kernels import cpu, roofline
 
 SLOW_VARIANTS = ("naive", "loop_order")
 SLOW_LIMIT = 1024
+# Each function is timed in its own block (one warm-up, then back to back), after a pause:
+# OpenBLAS and OpenMP worker threads spin for a while after a call, and would steal a core from
+# whatever runs next.
+PAUSE = 0.2
 
 
 def blas_threads():
@@ -31,22 +35,6 @@ def blas_threads():
         return "unknown (threadpoolctl not installed)"
     blas = [p for p in threadpool_info() if p.get("user_api") == "blas"]
     return ", ".join(f"{p['internal_api']} {p['num_threads']} threads" for p in blas) or "none"
-
-
-def best_time(fn, a, b, repeats):
-    """Best wall time of ``fn(a, b)`` over ``repeats`` back-to-back runs, after one warm-up.
-
-    Each function is timed in its own block, after a pause: OpenBLAS and OpenMP worker threads
-    spin for a while after a call, and would steal a core from whatever runs next.
-    """
-    time.sleep(0.2)
-    fn(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(a, b)
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main(argv=None):
@@ -76,9 +64,9 @@ def main(argv=None):
         names = [v for v in args.variants
                  if args.no_skip or v not in SLOW_VARIANTS or n <= SLOW_LIMIT]
         repeats = args.repeats if n <= SLOW_LIMIT else max(2, args.repeats // 2)
-        times = {"numpy @": best_time(np.matmul, a, b, repeats)}
-        for name in names:
-            times[name] = best_time(cpu.VARIANTS[name], a, b, repeats)
+        contestants = {"numpy @": np.matmul, **{v: cpu.VARIANTS[v] for v in names}}
+        times = {name: timing.best_of(fn, a, b, repeats=repeats, pause=PAUSE)
+                 for name, fn in contestants.items()}
         for name in ["numpy @"] + list(args.variants):
             if name not in times:
                 print(f"{name:<12}{n:>6}  skipped (too slow)")

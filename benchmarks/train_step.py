@@ -5,22 +5,25 @@
 Prints the median time of each and the ratios eager / numpy (target: <= 1.5x) and compiled /
 numpy (``ml.compile_train_step``: forward, backward and update in one planned graph; target
 <= 0.9x), plus the ratios to PyTorch eager when torch is importable (optional; measured in
-alternating blocks, see ``block_median_times``; target compiled <= 1.0x). Everything uses
+alternating blocks, see ``TORCH_BLOCK``; target compiled <= 1.0x). Everything uses
 float32 and the same BLAS. The last columns time the step's matrix products alone (into
 preallocated buffers): about the floor under any implementation of the step on this machine.
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 import mlsys_lab as ml
-from mlsys_lab import nn, ops
+from mlsys_lab import nn, ops, timing
 
 CONFIGS = [((784, 256, 256, 10), 64), ((784, 1024, 1024, 10), 256)]
 LR = 0.01
+# PyTorch's OpenMP threads keep spinning for a while after its last op and would slow whatever
+# runs next, so the columns against torch are timed in alternating blocks of TORCH_BLOCK calls
+# per contestant, the first TORCH_SETTLE calls of each block dropped (threads quieting down);
+# alternating blocks still spread machine-load drifts over every contestant.
+TORCH_BLOCK, TORCH_SETTLE = 40, 10
 
 
 def make_params(sizes, seed=0):
@@ -118,38 +121,6 @@ def torch_step_fn(params):
     return step
 
 
-def median_times(fns, repeats):
-    """Median time of each function, measured round-robin so that drifts in machine load hit
-    every contestant alike."""
-    for fn in fns:
-        for _ in range(3):
-            fn()
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    return [statistics.median(ts) for ts in times]
-
-
-def block_median_times(fns, repeats, block=40, settle=10):
-    """Median times measured in alternating blocks of ``block`` calls per function, the first
-    ``settle`` calls of each block dropped. For PyTorch, whose OpenMP threads keep spinning for
-    a while after its last op and would slow whatever runs next: each block starts after the
-    previous one's threads have had ``settle`` calls to quiet down, and alternating blocks still
-    spread machine-load drifts over every contestant."""
-    times = [[] for _ in fns]
-    for _ in range(max(1, repeats // (block - settle))):
-        for fn, ts in zip(fns, times):
-            for k in range(block):
-                t0 = time.perf_counter()
-                fn()
-                if k >= settle:
-                    ts.append(time.perf_counter() - t0)
-    return [statistics.median(ts) for ts in times]
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=50)
@@ -174,19 +145,24 @@ def main(argv=None):
         l_c = step(x, y)
         assert abs(l_c - l_np) < 1e-4 * max(1.0, abs(l_np)), (l_c, l_np)
         floor = gemm_floor_fn(params, x)
-        t_np, t_ml, t_c, t_mm = median_times([lambda: numpy_step(np_params, x, y),
-                                               lambda: mlsys_step(model, opt, xt, yt),
-                                               lambda: step(x, y), floor], args.repeats)
-        try:  # in blocks, not round-robin: see block_median_times
+        # Round-robin, one call of each in turn, so that drifts in machine load hit all alike.
+        t = timing.compare({"numpy": lambda: numpy_step(np_params, x, y),
+                            "eager": lambda: mlsys_step(model, opt, xt, yt),
+                            "compiled": lambda: step(x, y), "GEMMs": floor},
+                           rounds=args.repeats, warmup=3, stat="median")
+        t_np, t_ml, t_c, t_mm = t["numpy"], t["eager"], t["compiled"], t["GEMMs"]
+        try:  # in blocks, not round-robin: see TORCH_BLOCK
             import torch
 
             tstep = torch_step_fn(params)
             xt_, yt_ = torch.from_numpy(x), torch.from_numpy(y)
             for _ in range(3):
                 tstep(xt_, yt_)
-            b_ml, b_c, t_torch = block_median_times([lambda: mlsys_step(model, opt, xt, yt),
-                                                     lambda: step(x, y),
-                                                     lambda: tstep(xt_, yt_)], args.repeats)
+            b = timing.compare({"eager": lambda: mlsys_step(model, opt, xt, yt),
+                                "compiled": lambda: step(x, y), "torch": lambda: tstep(xt_, yt_)},
+                               rounds=max(1, args.repeats // (TORCH_BLOCK - TORCH_SETTLE)),
+                               block=TORCH_BLOCK, discard=TORCH_SETTLE, warmup=0, stat="median")
+            b_ml, b_c, t_torch = b["eager"], b["compiled"], b["torch"]
             torch_cols = (f"{t_torch * 1e3:>10.3f}{b_ml / t_torch:>12.2f}x"
                           f"{b_c / t_torch:>15.2f}x")
         except ImportError:

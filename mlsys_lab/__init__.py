@@ -16,6 +16,7 @@ from . import ops  # noqa: E402
 from .engine import tensor_methods as _tensor_methods  # noqa: E402,F401
 from .engine.autodiff import grad, gradients, hvp, jvp, tape_to_graph, value_and_grad, vjp  # noqa: E402
 from .engine.compiler import compile, compile_train_step  # noqa: E402,A004
+from .engine.dispatch import custom_op  # noqa: E402
 from .engine.dtypes import as_dtype as _as_dtype  # noqa: E402
 from .engine.dtypes import bool_, float16, float32, float64, int32, int64, uint8  # noqa: E402
 from .engine.graph import Graph  # noqa: E402
@@ -44,7 +45,7 @@ __all__ = [
     "ArgumentError", "CheckpointError", "CycleError", "DTypeError", "DTypeOverflowError", "Graph",
     "GraphError", "MLSysError", "OpError", "OutOfMemoryError", "PlanError", "RankError",
     "ShapeError", "TapeError", "Tensor", "TraceError", "UnknownNameError", "bool_", "compile",
-    "compile_train_step",
+    "compile_train_step", "custom_op",
     "enable_grad", "float16", "float32", "float64", "grad", "grad_graph", "gradients", "hvp",
     "int32", "int64", "is_grad_enabled", "jvp", "no_grad", "ones", "ops", "randn",
     "tape_to_graph", "tensor", "trace", "uint8", "value_and_grad", "vjp", "zeros",

@@ -1,7 +1,8 @@
 """Every op of mlsys_lab as a function: ``ml.ops.relu(x)``, ``ml.ops.conv2d(img, w, padding=1)``.
 
-Each is defined once in the op registry (``mlsys_lab.engine.registry.REGISTRY``) and serves eager
-mode, tracing, autodiff and the compiler passes alike.
+Each is defined once in the op registry (``mlsys_lab.engine.registry.defop``) and serves eager
+mode, tracing, autodiff and the compiler passes alike. ``ml.custom_op`` defines a new one the same
+way.
 """
 
 from .engine.control import cond

@@ -10,7 +10,6 @@ from numpy.lib.introspect import opt_func_info
 import mlsys_lab as ml
 from mlsys_lab import ops
 from mlsys_lab.engine.compiler import Compiled
-from mlsys_lab.engine.cpu_kernels import OUT_KERNELS
 from mlsys_lab.engine.graph import Graph, Node, Value
 from mlsys_lab.engine.passes import (
     algebraic_simplification,
@@ -19,7 +18,7 @@ from mlsys_lab.engine.passes import (
     dead_code_elimination,
     run_pipeline,
 )
-from mlsys_lab.engine.passes.fusion import TEMPLATES, compile_kernel, fused_elementwise_into
+from mlsys_lab.engine.passes.fusion import compile_kernel, fused_elementwise_into
 from mlsys_lab.engine.passes.testing import ulp_distance
 from mlsys_lab.engine.registry import REGISTRY, AVal, Op, get, register
 from mlsys_lab.engine.tensor import apply
@@ -183,7 +182,7 @@ def _operands(op, dt):
     if op == "where":
         rng = np.random.default_rng(2)
         return [rng.random(x.size) < 0.5, x, rng.permutation(x)]
-    if len(TEMPLATES[op].split("{1}")) == 1:
+    if len(get(op).fusion.split("{1}")) == 1:
         return [x]
     s = _specials(dt)  # every pair of specials, then random pairs
     a, b = np.meshgrid(s, s)
@@ -195,7 +194,7 @@ def _operands(op, dt):
 EXACT = {"add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "relu", "sign",
          "where", "relu_grad", "sqrt"}
 MAX_ULP = 4
-FUSED_OPS = sorted(op for op in TEMPLATES if op in REGISTRY and get(op).elementwise)
+FUSED_OPS = sorted(op for op in REGISTRY if get(op).fusion and get(op).elementwise)
 
 
 def _assert_matches_eager(got, want, exact, what, max_ulp=MAX_ULP):
@@ -232,15 +231,23 @@ def test_generated_kernel_matches_eager_op_in_ulps(op, dt):
     _assert_matches_eager(got, want, op in EXACT, f"fused {op} {np.dtype(dt).name}")
 
 
+#: (op, kernel name) of every compiled CPU kernel of a fusable elementwise op.
+CPU_ELEMENTWISE_KERNELS = sorted((name, k.name) for name, o in REGISTRY.items() if o.fusion
+                                 for k in o.impls.get("cpu", ()))
+
+
 @pytest.mark.parametrize("dt", [F32, F64], ids=["float32", "float64"])
-@pytest.mark.parametrize("op", sorted(op for op in OUT_KERNELS if op in TEMPLATES))
-def test_out_kernels_equal_the_eager_op_bit_for_bit(op, dt):
+@pytest.mark.parametrize("op, kernel", CPU_ELEMENTWISE_KERNELS)
+def test_out_kernels_equal_the_eager_op_bit_for_bit(op, kernel, dt):
     arrays = _operands(op, dt)
     want = eager(op, arrays)
     got = np.empty(want.shape, dt)
+    (k,) = [k for k in get(op).impls["cpu"] if k.name == kernel]
+    assert k.accepts([AVal(a.shape, a.dtype) for a in arrays], AVal(want.shape, want.dtype),
+                     {}) is None
     with np.errstate(all="ignore"):
-        OUT_KERNELS[op](got, *arrays)
-    _assert_matches_eager(got, want, True, f"out-kernel {op} {np.dtype(dt).name}")
+        k.out_fn(got, *arrays)
+    _assert_matches_eager(got, want, True, f"{kernel} {np.dtype(dt).name}")
 
 
 def test_compiled_tanh_and_sigmoid_saturate_as_eager():

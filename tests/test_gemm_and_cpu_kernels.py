@@ -32,7 +32,7 @@ from mlsys_lab.engine.passes import (
     fuse_gemm_accumulate,
 )
 from mlsys_lab.engine.passes.testing import run_graph
-from mlsys_lab.engine.registry import AVal, get
+from mlsys_lab.engine.registry import AVal, Kernel, get
 from mlsys_lab.errors import DTypeError, GraphError, OpError, ShapeError
 from tests.test_compile import _assert_compiled_step_matches_sgd
 
@@ -106,7 +106,9 @@ def test_numpy_blas_is_found_for_float32_and_float64():
     if not table:
         pytest.skip("numpy's BLAS exposes no cblas_?gemm here; only the numpy route runs")
     assert set(table) == {np.dtype(F32), np.dtype(F64)}
-    assert ck.OUT_KERNELS["gemm"] is ck.gemm_out
+    kernels = get("gemm").impls["cpu"]
+    assert [k.name for k in kernels] == ["cblas.sgemm", "cblas.dgemm"]
+    assert all(k.out_fn is ck.blas_gemm_out for k in kernels)
 
 
 @settings(max_examples=60, deadline=None)
@@ -607,13 +609,14 @@ def test_bad_target_raises_names_the_node_and_leaves_parameters(profile, bad):
 def test_error_in_generated_code_is_named_without_rerunning(monkeypatch):
     """An update applied before the failing node runs exactly once: no rerun to find it."""
     calls = []
-    real = ck.OUT_KERNELS["gemm"]
+    sgemm, *others = get("gemm").impls["cpu"]  # the operands below are float32
 
     def counting(*args, **kwargs):
         calls.append(1)
-        return real(*args, **kwargs)
+        return sgemm.out_fn(*args, **kwargs)
 
-    monkeypatch.setitem(ck.OUT_KERNELS, "gemm", counting)
+    monkeypatch.setitem(get("gemm").impls, "cpu",
+                        [Kernel(sgemm.name, counting, sgemm.accepts), *others])
 
     def f(w, x, g, logits, t):
         return w - 0.5 * (x.T @ g), ops.cross_entropy(logits, t)
@@ -654,9 +657,11 @@ def test_cross_entropy_kernels_match_the_numpy_reference(dtype, tdtype, n, c, sc
     np.testing.assert_array_equal(t, t0)
 
 
-def test_cross_entropy_kernels_are_the_mixed_dtype_kernels():
-    assert ck.MIXED_DTYPE_KERNELS == {"cross_entropy": ck.cross_entropy_out,
-                                      "cross_entropy_grad": ck.cross_entropy_grad_out}
+def test_cross_entropy_kernels_are_the_cpu_kernels_of_their_ops():
+    for op, fn in (("cross_entropy", ck.cross_entropy_out),
+                   ("cross_entropy_grad", ck.cross_entropy_grad_out)):
+        (kernel,) = get(op).impls["cpu"]
+        assert kernel.name == f"numba.{op}" and kernel.out_fn is fn
 
 
 @pytest.mark.parametrize("row", [0, 2, 3])
@@ -678,12 +683,12 @@ def test_relu_kernels_match_numpy_on_special_values():
     g = rng.choice(special, size=(6, 7)).astype(F32)
     x = rng.choice(special, size=(6, 7)).astype(F32)
     out = np.empty_like(g)
-    ck.OUT_KERNELS["relu_grad"](out, g, x)
+    ck.relu_grad_out(out, g, x)
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(out, np.where(x > 0, g, F32(0)))
     a, w = rng.standard_normal((6, 3)).astype(F32), rng.standard_normal((3, 7)).astype(F32)
     b = rng.choice(special, size=7).astype(F32)
-    ck.OUT_KERNELS["fused_linear"](out, a, w, b, activation="relu")
+    ck.fused_linear_relu_out(out, a, w, b, activation="relu")
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(out, np.maximum(a @ w + b, 0))
 
@@ -705,7 +710,7 @@ def test_fuse_gemm_accumulate_folds_a_bias_update(f, alpha, beta):
     (want,), (got,) = run_graph(g, c, x), run_graph(h, c, x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     out = np.empty_like(c)
-    ck.OUT_KERNELS["sum_accumulate"](out, c, x, **node.attrs)
+    ck.sum_accumulate_out(out, c, x, **node.attrs)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 

@@ -15,54 +15,13 @@ import numpy as np
 
 from ..errors import ArgumentError, GraphError, MLSysError, OpError, OutOfMemoryError, ShapeError
 from . import memory
-from .cpu_kernels import MIXED_DTYPE_KERNELS, OUT_KERNELS
 from .graph import check_input
 from .pytree import flatten, unflatten
 from .registry import REGISTRY, get
 from .runtime import Event, Timeline, as_input
 from .selection import device as find_device
-from .selection import explain_selection, select
+from .selection import explain_selection, makes_view, select
 from .trace import static_key, static_positions, trace
-
-VIEW_OPS = {"reshape": lambda x, shape: x.reshape(shape),
-            "transpose": lambda x, axes: x.transpose(axes),
-            "broadcast_to": lambda x, shape: np.broadcast_to(x, shape),
-            "identity": lambda x: x}
-
-
-def _fused_elementwise_out(out, *arrays, program):
-    from .passes.fusion import fused_elementwise_into
-
-    fused_elementwise_into(out, *arrays, program=program)
-
-
-def _prebuilt_fused(node):
-    """The generated kernel of a fused_elementwise node, compiled at build time for its input
-    shapes, as ``fn(out, *arrays)``; None when the general path is needed (broadcast inputs)."""
-    from .passes.fusion import compile_kernel
-
-    out = node.outputs[0]
-    kinds = []
-    for v in node.inputs:
-        if int(np.prod(v.shape)) == 1:
-            kinds.append("s")
-        elif v.shape == out.shape and v.dtype in (out.dtype, np.dtype(bool)):
-            kinds.append("a")
-        else:
-            return None
-    kernel = compile_kernel(node.attrs["program"], tuple(kinds), out.dtype)
-
-    def run(o, *arrays, program):
-        if not o.flags.c_contiguous:  # e.g. a donated input given as a strided view
-            return _fused_elementwise_out(o, *arrays, program=program)
-        kernel(o.reshape(-1), *[a.reshape(-1) for a in arrays])
-    return run
-
-
-def _generic(kernel):
-    def run(out, *arrays, **attrs):
-        np.copyto(out, kernel(*arrays, **attrs), casting="unsafe")
-    return run
 
 
 def value_lifetimes(graph, order):
@@ -71,7 +30,7 @@ def value_lifetimes(graph, order):
     recs = {r.id: r for r in memory.lifetimes(graph, order, include_inputs=False)}
     root = {}
     for n in order:
-        if n.op in VIEW_OPS:
+        if get(n.op).view is not None:
             src = n.inputs[0]
             root[n.outputs[0]] = root.get(src, src)
     for view, src in root.items():
@@ -220,30 +179,21 @@ class Executable:
         for v, arr in g.consts.items():
             env[slot(v)] = arr
         self._steps = []
-        for n in self.order:
+        for n in self.order:  # each node runs the kernel selection chose for it, nothing else
+            kernel = n.meta.get("kernel")
+            if kernel is None:
+                raise GraphError(f"compile {g.name}: node #{n.id} {n.op} has no selected "
+                                 f"kernel (the graph must come from select)")
             out = n.outputs[0]
             ins = [slot(v) for v in n.inputs]
             o = slot(out)
-            if n.op in VIEW_OPS:
-                self._steps.append((n, True, VIEW_OPS[n.op], o, ins, n.attrs))
-                continue
-            if out not in self.donated:
+            is_view = makes_view(n)
+            if is_view != (get(n.op).view is not None):
+                raise GraphError(f"compile {g.name}: node #{n.id} {n.op} was given "
+                                 f"{kernel.name}, but a view op must run as its view")
+            if not is_view and out not in self.donated:
                 env[o] = self._view(out)
-            same = all(v.dtype == out.dtype for v in n.inputs)
-            on_cpu = n.meta.get("device", "cpu") == "cpu"
-            if on_cpu and n.op in OUT_KERNELS and (same or n.op in ("cast", "copy")):
-                fn = OUT_KERNELS[n.op]
-            elif (on_cpu and n.op in MIXED_DTYPE_KERNELS and n.inputs[0].dtype == out.dtype
-                  and out.dtype in (np.float32, np.float64)
-                  and n.inputs[1].dtype.kind in "iu"):
-                fn = MIXED_DTYPE_KERNELS[n.op]
-            elif (n.op == "fused_elementwise" and n.meta.get("device") in ("cpu", "cpu-numba")
-                  and out.dtype in (np.float32, np.float64)
-                  and n.meta.get("kernel_name", "").startswith("numba")):
-                fn = _prebuilt_fused(n) or _fused_elementwise_out
-            else:
-                fn = _generic(n.meta.get("kernel") or get(n.op).compute)
-            self._steps.append((n, False, fn, o, ins, n.attrs))
+            self._steps.append((n, is_view, kernel.out_fn, o, ins, n.attrs))
         self._env = env
         self._input_slots = [self._slot[v] for v in g.inputs]
         self._output_slots = [self._slot[v] for v in g.outputs]
@@ -257,7 +207,7 @@ class Executable:
         g, static = self.graph, {}
         fixed = {self._slot[v] for v in g.consts} | {
             self._slot[n.outputs[0]] for n in self.order
-            if n.op not in VIEW_OPS and n.outputs[0] not in self.donated}
+            if get(n.op).view is None and n.outputs[0] not in self.donated}
 
         def name(i):
             if i in fixed:

@@ -1,11 +1,18 @@
-"""Control flow: ``cond`` — both branches in a traced graph, only the taken one when eager."""
+"""Control flow: ``cond`` — both branches in a traced graph, only the taken one when eager.
+
+``cond`` is an op over graphs: its branches are traced subgraphs and its rules are the graph
+transforms of them, so this module sits above tracing and the graph autodiff transform.
+"""
 
 import numpy as np
 
 from ..errors import DTypeError, GraphError
 from . import dtypes
-from .registry import AVal, Op, register
-from .tensor import apply, as_tensor, no_grad, zeros_like
+from .dispatch import apply, no_grad
+from .registry import AVal, defop
+from .tensor import as_tensor, zeros_like
+from .trace import trace_branch
+from .transform import jvp_graph, vjp_graph
 
 
 def _check_pred(pred):
@@ -37,8 +44,6 @@ def _cond_compute(pred, *operands, true_graph, false_graph):
 
 
 def _cond_vjp(g, xs, y, needs, true_graph, false_graph):
-    from .transform import vjp_graph
-
     pred, operands = xs[0], xs[1:]
     tg, fg = vjp_graph(true_graph), vjp_graph(false_graph)
     grads = [None]
@@ -58,15 +63,13 @@ def _pick(graph, i):
 
 
 def _cond_jvp(ts, xs, y, true_graph, false_graph):
-    from .transform import jvp_graph
-
     operands = xs[1:]
     tans = [t if t is not None else zeros_like(x) for t, x in zip(ts[1:], operands)]
     tg, fg = jvp_graph(true_graph), jvp_graph(false_graph)
     return cond(xs[0], lambda *a: tg(*a), lambda *a: fg(*a), *operands, *tans)
 
 
-COND = register(Op("cond", _cond_compute, _cond_infer, _cond_vjp, _cond_jvp))
+COND = defop("cond", compute=_cond_compute, infer=_cond_infer, vjp=_cond_vjp, jvp=_cond_jvp)
 
 
 def cond(pred, true_fn, false_fn, *operands):
@@ -76,8 +79,6 @@ def cond(pred, true_fn, false_fn, *operands):
     tracing, both branches are traced into subgraphs and recorded in a ``cond`` node (the static
     graph); they must return tensors of the same shape and dtype.
     """
-    from .trace import trace_branch
-
     ts = [as_tensor(o) for o in operands]
     p = as_tensor(pred)
     if not p.is_tracer and not any(t.is_tracer for t in ts):

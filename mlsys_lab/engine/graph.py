@@ -12,8 +12,9 @@ import sys
 
 import numpy as np
 
-from ..errors import CycleError, DTypeError, GraphError, MLSysError, ShapeError
+from ..errors import CycleError, GraphError, MLSysError
 from . import dtypes
+from .interpreter import TensorInterpreter, check_input  # noqa: F401 - check_input: public here
 from .registry import AVal, get
 
 
@@ -289,32 +290,13 @@ class Graph:
 
     # --- running -----------------------------------------------------------------------------
     def __call__(self, *args):
-        """Interpret the graph: run every node with its op's kernel. Returns Tensors."""
-        from .pytree import flatten, unflatten
-        from .tensor import apply, as_tensor
+        """Interpret the graph: run every node with its op's kernel (through the eager
+        ``apply``, so the tape and an enclosing trace see each op). Returns Tensors.
 
-        flat, _ = flatten(args)
-        if len(flat) != len(self.inputs):
-            raise GraphError(f"{self.name}: expects {len(self.inputs)} inputs, got {len(flat)}")
-        env = {}
-        for v, a in zip(self.inputs, flat):
-            t = as_tensor(a, v.dtype)
-            check_input(self.name, v, t.shape, t.dtype)
-            env[id(v)] = t
-        for v, arr in self.consts.items():
-            env[id(v)] = as_tensor(arr)
-        last = {id(v): i for i, n in enumerate(self.nodes) for v in n.inputs}
-        keep = set(map(id, self.outputs))
-        for i, n in enumerate(self.nodes):
-            try:
-                env[id(n.outputs[0])] = apply(get(n.op), *[env[id(v)] for v in n.inputs],
-                                              **n.attrs)
-            except MLSysError as e:
-                raise type(e)(f"{e}\n  while running node {_node_label(n)}{_at(n)}") from None
-            for v in n.inputs:  # release each intermediate after its last reader
-                if last[id(v)] == i and id(v) not in keep and v.producer is not None:
-                    env.pop(id(v), None)
-        outs = [env[id(v)] for v in self.outputs]
+        See :class:`~mlsys_lab.engine.interpreter.TensorInterpreter`."""
+        from .pytree import unflatten
+
+        outs = TensorInterpreter(self).run(*args)
         if self.out_tree == "auto":
             return outs[0] if len(outs) == 1 else tuple(outs)
         return unflatten(self.out_tree, outs)
@@ -358,50 +340,33 @@ class Graph:
         return render_svg(self.to_dot())
 
 
-def check_input(graph_name, value, shape, dtype):
-    """Raise ShapeError/DTypeError, naming the input, unless ``shape``/``dtype`` match it."""
-    if tuple(shape) == value.shape and dtype == value.dtype:
-        return
-    got = f"{dtypes.short(dtype)}[{','.join(map(str, shape))}]"
-    if tuple(shape) != value.shape:
-        raise ShapeError(f"{graph_name}: input {value.name} expects {value.type_str()}, got {got}")
-    raise DTypeError(f"{graph_name}: input {value.name} expects {value.type_str()}, got "
-                     f"{got}; cast it first")
-
-
 def find_cycle(nodes):
-    """A list of nodes forming a cycle through producer links, or [] when acyclic."""
+    """A list of nodes forming a cycle through producer links, or [] when acyclic.
+
+    A depth-first search with an explicit stack (any depth, no recursion): ``path`` holds the
+    nodes being visited (grey); meeting one of them again closes a cycle."""
     WHITE, GREY, BLACK = 0, 1, 2
     color = {id(n): WHITE for n in nodes}
     producer = {id(o): n for n in nodes for o in n.outputs}
-
-    def visit(n, path):
-        color[id(n)] = GREY
-        path.append(n)
-        for v in n.inputs:
-            p = producer.get(id(v))
-            if p is None:
-                continue
-            if color[id(p)] == GREY:
-                return path[path.index(p):]
-            if color[id(p)] == WHITE:
-                found = visit(p, path)
-                if found:
-                    return found
-        path.pop()
-        color[id(n)] = BLACK
-        return None
-
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 10 * len(nodes) + 100))
-    try:
-        for n in nodes:
-            if color[id(n)] == WHITE:
-                found = visit(n, [])
-                if found:
-                    return list(reversed(found))
-    finally:
-        sys.setrecursionlimit(old)
+    for root in nodes:
+        if color[id(root)] != WHITE:
+            continue
+        color[id(root)] = GREY
+        path, inputs = [root], [iter(root.inputs)]
+        while inputs:
+            for v in inputs[-1]:
+                p = producer.get(id(v))
+                if p is None or color[id(p)] == BLACK:
+                    continue
+                if color[id(p)] == GREY:
+                    return list(reversed(path[path.index(p):]))
+                color[id(p)] = GREY
+                path.append(p)
+                inputs.append(iter(p.inputs))
+                break
+            else:
+                inputs.pop()
+                color[id(path.pop())] = BLACK
     return []
 
 

@@ -1,60 +1,20 @@
 """Elementwise ops: arithmetic with numpy broadcasting, unary math, comparisons, where, cast.
 
-Each op is defined once (kernel, shape/dtype rule, VJP, JVP). VJP rules receive
-``(g, inputs, out, needs, **attrs)`` — ``needs[i]`` says whether input i wants a gradient — and
-are written with framework ops, so they can be differentiated again.
+Each op is defined once with :func:`~.registry.defop`: kernel, shape/dtype rule, and named VJP
+and JVP rules beside it. VJP rules receive ``(g, xs, y, needs, **attrs)`` — ``needs[i]`` says
+whether input i wants a gradient — and are written with framework ops, so they can be
+differentiated again. JVP rules receive ``(ts, xs, y, **attrs)``, a tangent of None being zero.
+``fusion`` is the expression the fused-kernel generator writes for the op.
 """
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError
 from . import dtypes
-from .registry import AVal, Op, register
-from .tensor import apply, zeros_like
-
-
-def broadcast_shapes(op, *shapes):
-    """numpy's broadcasting rule, raising a ShapeError that names ``op`` and the shapes."""
-    ndim = max(len(s) for s in shapes)
-    out = []
-    for i in range(-ndim, 0):
-        dim = 1
-        for s in shapes:
-            d = s[i] if -i <= len(s) else 1
-            if d != 1:
-                if dim != 1 and d != dim:
-                    shown = " and ".join(str(tuple(s)) for s in shapes)
-                    raise ShapeError(f"{op}: cannot broadcast shapes {shown}")
-                dim = d
-        out.append(dim)
-    return tuple(out)
-
-
-def unbroadcast(g, shape):
-    """Sum ``g`` back to ``shape`` (the gradient rule of numpy broadcasting)."""
-    shape = tuple(shape)
-    if g.shape == shape:
-        return g
-    lead = len(g.shape) - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
-    s = sum(g, axes) if axes else g
-    return reshape(s, shape) if s.shape != shape else s
-
-
-def tsum(*terms):
-    """Sum of the tangent terms that are not None (None means a zero tangent)."""
-    terms = [t for t in terms if t is not None]
-    if not terms:
-        return None
-    out = terms[0]
-    for t in terms[1:]:
-        out = out + t
-    return out
-
-
-def _defop(name, compute, infer, vjp=None, jvp=None, elementwise=False):
-    return register(Op(name, compute, infer, vjp, jvp, elementwise))
+from .dispatch import apply, tsum
+from .registry import AVal, defop
+from .shapes import broadcast_shapes, unbroadcast
+from .tensor import zeros_like
 
 
 # --- shape/dtype rules ------------------------------------------------------------------------
@@ -83,29 +43,63 @@ def _to_float(dt):
     return dt if dtypes.is_float(dt) else dtypes.float32
 
 
+def _to_bool(dt):
+    return dtypes.bool_
+
+
 # --- binary arithmetic ------------------------------------------------------------------------
-def _m(t, f):
-    return None if t is None else f(t)
+def _add_vjp(g, xs, y, needs):
+    return (unbroadcast(g, xs[0].shape) if needs[0] else None,
+            unbroadcast(g, xs[1].shape) if needs[1] else None)
 
 
-ADD = _defop("add", np.add, _binary("add"),
-             lambda g, xs, y, n: (unbroadcast(g, xs[0].shape) if n[0] else None,
-                                  unbroadcast(g, xs[1].shape) if n[1] else None),
-             lambda ts, xs, y: tsum(*ts), elementwise=True)
-SUB = _defop("sub", np.subtract, _binary("sub"),
-             lambda g, xs, y, n: (unbroadcast(g, xs[0].shape) if n[0] else None,
-                                  unbroadcast(-g, xs[1].shape) if n[1] else None),
-             lambda ts, xs, y: tsum(ts[0], _m(ts[1], neg)), elementwise=True)
-MUL = _defop("mul", np.multiply, _binary("mul"),
-             lambda g, xs, y, n: (unbroadcast(g * xs[1], xs[0].shape) if n[0] else None,
-                                  unbroadcast(g * xs[0], xs[1].shape) if n[1] else None),
-             lambda ts, xs, y: tsum(_m(ts[0], lambda t: t * xs[1]),
-                                    _m(ts[1], lambda t: xs[0] * t)), elementwise=True)
-DIV = _defop("div", np.true_divide, _binary("div", _to_float),
-             lambda g, xs, y, n: (unbroadcast(g / xs[1], xs[0].shape) if n[0] else None,
-                                  unbroadcast(-g * y / xs[1], xs[1].shape) if n[1] else None),
-             lambda ts, xs, y: tsum(_m(ts[0], lambda t: t / xs[1]),
-                                    _m(ts[1], lambda t: -t * y / xs[1])), elementwise=True)
+def _add_jvp(ts, xs, y):
+    return tsum(*ts)
+
+
+ADD = defop("add", compute=np.add, infer=_binary("add"), vjp=_add_vjp, jvp=_add_jvp,
+            elementwise=True, fusion="{0} + {1}")
+
+
+def _sub_vjp(g, xs, y, needs):
+    return (unbroadcast(g, xs[0].shape) if needs[0] else None,
+            unbroadcast(-g, xs[1].shape) if needs[1] else None)
+
+
+def _sub_jvp(ts, xs, y):
+    return tsum(ts[0], None if ts[1] is None else neg(ts[1]))
+
+
+SUB = defop("sub", compute=np.subtract, infer=_binary("sub"), vjp=_sub_vjp, jvp=_sub_jvp,
+            elementwise=True, fusion="{0} - {1}")
+
+
+def _mul_vjp(g, xs, y, needs):
+    return (unbroadcast(g * xs[1], xs[0].shape) if needs[0] else None,
+            unbroadcast(g * xs[0], xs[1].shape) if needs[1] else None)
+
+
+def _mul_jvp(ts, xs, y):
+    return tsum(None if ts[0] is None else ts[0] * xs[1],
+                None if ts[1] is None else xs[0] * ts[1])
+
+
+MUL = defop("mul", compute=np.multiply, infer=_binary("mul"), vjp=_mul_vjp, jvp=_mul_jvp,
+            elementwise=True, fusion="{0} * {1}")
+
+
+def _div_vjp(g, xs, y, needs):
+    return (unbroadcast(g / xs[1], xs[0].shape) if needs[0] else None,
+            unbroadcast(-g * y / xs[1], xs[1].shape) if needs[1] else None)
+
+
+def _div_jvp(ts, xs, y):
+    return tsum(None if ts[0] is None else ts[0] / xs[1],
+                None if ts[1] is None else -ts[1] * y / xs[1])
+
+
+DIV = defop("div", compute=np.true_divide, infer=_binary("div", _to_float), vjp=_div_vjp,
+            jvp=_div_jvp, elementwise=True, fusion="{0} / {1}")
 
 
 def _pow_dbase(a, b):
@@ -123,54 +117,131 @@ def _pow_dexp(a, y):
     return y * log(where(eq(a, 0), 1.0, a))
 
 
-def _pow_vjp(g, xs, y, n):
+def _pow_vjp(g, xs, y, needs):
     a, b = xs
-    ga = unbroadcast(g * _pow_dbase(a, b), a.shape) if n[0] else None
-    gb = unbroadcast(g * _pow_dexp(a, y), b.shape) if n[1] else None
+    ga = unbroadcast(g * _pow_dbase(a, b), a.shape) if needs[0] else None
+    gb = unbroadcast(g * _pow_dexp(a, y), b.shape) if needs[1] else None
     return ga, gb
 
 
-POW = _defop("pow", np.power, _binary("pow"), _pow_vjp,
-             lambda ts, xs, y: tsum(_m(ts[0], lambda t: t * _pow_dbase(*xs)),
-                                    _m(ts[1], lambda t: t * _pow_dexp(xs[0], y))),
-             elementwise=True)
+def _pow_jvp(ts, xs, y):
+    return tsum(None if ts[0] is None else ts[0] * _pow_dbase(*xs),
+                None if ts[1] is None else ts[1] * _pow_dexp(xs[0], y))
 
 
-def _tie_vjp(wins):
+POW = defop("pow", compute=np.power, infer=_binary("pow"), vjp=_pow_vjp, jvp=_pow_jvp,
+            elementwise=True, fusion="{0} ** {1}")
+
+
+def _tie_vjp(wins, g, xs, needs):
     """VJP of maximum (``wins`` = gt) or minimum (lt): the strict winner takes ``g``, a tie
     splits it 0.5 / 0.5 (PyTorch, JAX), and an unordered pair (a NaN) sends nothing."""
-    def vjp(g, xs, y, n):
-        a, b = xs
-        tie = where(eq(a, b), g * 0.5, 0.0)
-        return (unbroadcast(where(wins(a, b), g, tie), a.shape) if n[0] else None,
-                unbroadcast(where(wins(b, a), g, tie), b.shape) if n[1] else None)
-    return vjp
+    a, b = xs
+    tie = where(eq(a, b), g * 0.5, 0.0)
+    return (unbroadcast(where(wins(a, b), g, tie), a.shape) if needs[0] else None,
+            unbroadcast(where(wins(b, a), g, tie), b.shape) if needs[1] else None)
 
 
-def _tie_jvp(wins):
+def _tie_jvp(wins, ts, xs):
     """JVP matching :func:`_tie_vjp`: the winner's tangent, the mean of both on a tie."""
-    def jvp(ts, xs, y):
-        a, b = xs
-        ta = ts[0] if ts[0] is not None else zeros_like(a)
-        tb = ts[1] if ts[1] is not None else zeros_like(b)
-        tie = where(eq(a, b), (ta + tb) * 0.5, 0.0)
-        return where(wins(a, b), ta, where(wins(b, a), tb, tie))
-    return jvp
+    a, b = xs
+    ta = ts[0] if ts[0] is not None else zeros_like(a)
+    tb = ts[1] if ts[1] is not None else zeros_like(b)
+    tie = where(eq(a, b), (ta + tb) * 0.5, 0.0)
+    return where(wins(a, b), ta, where(wins(b, a), tb, tie))
 
 
-MAXIMUM = _defop("maximum", np.maximum, _binary("maximum"), _tie_vjp(lambda a, b: gt(a, b)),
-                 _tie_jvp(lambda a, b: gt(a, b)), elementwise=True)
-MINIMUM = _defop("minimum", np.minimum, _binary("minimum"), _tie_vjp(lambda a, b: lt(a, b)),
-                 _tie_jvp(lambda a, b: lt(a, b)), elementwise=True)
+def _maximum_vjp(g, xs, y, needs):
+    return _tie_vjp(gt, g, xs, needs)
 
-# --- comparisons (no gradient) ----------------------------------------------------------------
-_CMP = {}
-for _name, _fn in (("eq", np.equal), ("ne", np.not_equal), ("lt", np.less),
-                   ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal)):
-    _CMP[_name] = _defop(_name, _fn, _binary(_name, lambda dt: dtypes.bool_), elementwise=True)
+
+def _maximum_jvp(ts, xs, y):
+    return _tie_jvp(gt, ts, xs)
+
+
+def _minimum_vjp(g, xs, y, needs):
+    return _tie_vjp(lt, g, xs, needs)
+
+
+def _minimum_jvp(ts, xs, y):
+    return _tie_jvp(lt, ts, xs)
+
+
+MAXIMUM = defop("maximum", compute=np.maximum, infer=_binary("maximum"), vjp=_maximum_vjp,
+                jvp=_maximum_jvp, elementwise=True, fusion="_maximum({0}, {1})")
+MINIMUM = defop("minimum", compute=np.minimum, infer=_binary("minimum"), vjp=_minimum_vjp,
+                jvp=_minimum_jvp, elementwise=True, fusion="_minimum({0}, {1})")
+
+# --- comparisons (no gradient; a bool result, so nothing to fuse into a float loop) ----------
+EQ = defop("eq", compute=np.equal, infer=_binary("eq", _to_bool), elementwise=True)
+NE = defop("ne", compute=np.not_equal, infer=_binary("ne", _to_bool), elementwise=True)
+LT = defop("lt", compute=np.less, infer=_binary("lt", _to_bool), elementwise=True)
+LE = defop("le", compute=np.less_equal, infer=_binary("le", _to_bool), elementwise=True)
+GT = defop("gt", compute=np.greater, infer=_binary("gt", _to_bool), elementwise=True)
+GE = defop("ge", compute=np.greater_equal, infer=_binary("ge", _to_bool), elementwise=True)
 
 
 # --- unary ------------------------------------------------------------------------------------
+def _neg_vjp(g, xs, y, needs):
+    return (-g,)
+
+
+def _neg_jvp(ts, xs, y):
+    return -ts[0]
+
+
+NEG = defop("neg", compute=np.negative, infer=_unary_any, vjp=_neg_vjp, jvp=_neg_jvp,
+            elementwise=True, fusion="-{0}")
+
+
+def _exp_vjp(g, xs, y, needs):
+    return (g * y,)
+
+
+def _exp_jvp(ts, xs, y):
+    return ts[0] * y
+
+
+EXP = defop("exp", compute=np.exp, infer=_unary_float("exp"), vjp=_exp_vjp, jvp=_exp_jvp,
+            elementwise=True, fusion="math.exp({0})")
+
+
+def _log_vjp(g, xs, y, needs):
+    return (g / xs[0],)
+
+
+def _log_jvp(ts, xs, y):
+    return ts[0] / xs[0]
+
+
+LOG = defop("log", compute=np.log, infer=_unary_float("log"), vjp=_log_vjp, jvp=_log_jvp,
+            elementwise=True, fusion="math.log({0})")
+
+
+def _sqrt_vjp(g, xs, y, needs):
+    return (g * 0.5 / y,)
+
+
+def _sqrt_jvp(ts, xs, y):
+    return ts[0] * 0.5 / y
+
+
+SQRT = defop("sqrt", compute=np.sqrt, infer=_unary_float("sqrt"), vjp=_sqrt_vjp, jvp=_sqrt_jvp,
+             elementwise=True, fusion="math.sqrt({0})")
+
+
+def _tanh_vjp(g, xs, y, needs):
+    return (g * (1.0 - y * y),)
+
+
+def _tanh_jvp(ts, xs, y):
+    return ts[0] * (1.0 - y * y)
+
+
+TANH = defop("tanh", compute=np.tanh, infer=_unary_float("tanh"), vjp=_tanh_vjp, jvp=_tanh_jvp,
+             elementwise=True, fusion="_tanh({0})")
+
+
 def _sigmoid_np(x):
     """1 / (1 + e^-x) from z = e^-|x| <= 1, which never overflows: 1 / (1 + z) for x >= 0 and
     z / (1 + z) for x < 0, so the negative tail keeps its relative precision (sigmoid(-40) is
@@ -179,48 +250,107 @@ def _sigmoid_np(x):
     return np.where(x >= 0, 1.0, z) / (1.0 + z)
 
 
-def _relu_np(x):
-    return np.maximum(x, 0)
+def _sigmoid_vjp(g, xs, y, needs):
+    return (g * y * (1.0 - y),)
 
 
-NEG = _defop("neg", np.negative, _unary_any, lambda g, xs, y, n: (-g,),
-             lambda ts, xs, y: -ts[0], elementwise=True)
-EXP = _defop("exp", np.exp, _unary_float("exp"), lambda g, xs, y, n: (g * y,),
-             lambda ts, xs, y: ts[0] * y, elementwise=True)
-LOG = _defop("log", np.log, _unary_float("log"), lambda g, xs, y, n: (g / xs[0],),
-             lambda ts, xs, y: ts[0] / xs[0], elementwise=True)
-SQRT = _defop("sqrt", np.sqrt, _unary_float("sqrt"), lambda g, xs, y, n: (g * 0.5 / y,),
-              lambda ts, xs, y: ts[0] * 0.5 / y, elementwise=True)
-TANH = _defop("tanh", np.tanh, _unary_float("tanh"), lambda g, xs, y, n: (g * (1.0 - y * y),),
-              lambda ts, xs, y: ts[0] * (1.0 - y * y), elementwise=True)
-SIGMOID = _defop("sigmoid", _sigmoid_np, _unary_float("sigmoid"),
-                 lambda g, xs, y, n: (g * y * (1.0 - y),),
-                 lambda ts, xs, y: ts[0] * y * (1.0 - y), elementwise=True)
-SIN = _defop("sin", np.sin, _unary_float("sin"), lambda g, xs, y, n: (g * cos(xs[0]),),
-             lambda ts, xs, y: ts[0] * cos(xs[0]), elementwise=True)
-COS = _defop("cos", np.cos, _unary_float("cos"), lambda g, xs, y, n: (-g * sin(xs[0]),),
-             lambda ts, xs, y: -ts[0] * sin(xs[0]), elementwise=True)
+def _sigmoid_jvp(ts, xs, y):
+    return ts[0] * y * (1.0 - y)
+
+
+SIGMOID = defop("sigmoid", compute=_sigmoid_np, infer=_unary_float("sigmoid"), vjp=_sigmoid_vjp,
+                jvp=_sigmoid_jvp, elementwise=True, fusion="_sigmoid({0})")
+
+
+def _sin_vjp(g, xs, y, needs):
+    return (g * cos(xs[0]),)
+
+
+def _sin_jvp(ts, xs, y):
+    return ts[0] * cos(xs[0])
+
+
+SIN = defop("sin", compute=np.sin, infer=_unary_float("sin"), vjp=_sin_vjp, jvp=_sin_jvp,
+            elementwise=True, fusion="math.sin({0})")
+
+
+def _cos_vjp(g, xs, y, needs):
+    return (-g * sin(xs[0]),)
+
+
+def _cos_jvp(ts, xs, y):
+    return -ts[0] * sin(xs[0])
+
+
+COS = defop("cos", compute=np.cos, infer=_unary_float("cos"), vjp=_cos_vjp, jvp=_cos_jvp,
+            elementwise=True, fusion="math.cos({0})")
+
+
 def _relu_grad_np(g, x):
     """``g`` where ``x > 0``, else exactly 0 (PyTorch's threshold_backward): a NaN or inf in
     ``g`` at a dead unit gives 0, not ``inf * 0 = NaN``."""
     return np.where(x > 0, g, np.zeros((), g.dtype))
 
 
-RELU_GRAD = _defop("relu_grad", _relu_grad_np,
-                   lambda g, x: AVal(broadcast_shapes("relu_grad", g.shape, x.shape), g.dtype),
-                   lambda u, xs, y, n: (relu_grad(u, xs[1]) if n[0] else None, None),
-                   lambda ts, xs, y: None if ts[0] is None else relu_grad(ts[0], xs[1]),
-                   elementwise=True)
+def _relu_grad_infer(g, x):
+    return AVal(broadcast_shapes("relu_grad", g.shape, x.shape), g.dtype)
+
+
+def _relu_grad_vjp(u, xs, y, needs):
+    return (relu_grad(u, xs[1]) if needs[0] else None, None)
+
+
+def _relu_grad_jvp(ts, xs, y):
+    return None if ts[0] is None else relu_grad(ts[0], xs[1])
+
+
+RELU_GRAD = defop("relu_grad", compute=_relu_grad_np, infer=_relu_grad_infer,
+                  vjp=_relu_grad_vjp, jvp=_relu_grad_jvp, elementwise=True,
+                  fusion="({0} if {1} > ZERO else ZERO)")
+
+
+def _relu_np(x):
+    return np.maximum(x, 0)
+
+
 # relu's rules read its output (y > 0 exactly where x > 0), as PyTorch's threshold_backward
 # does: the pre-activation need not stay alive, so matmul + bias + relu can fuse in training.
-RELU = _defop("relu", _relu_np, _unary_any, lambda g, xs, y, n: (relu_grad(g, y),),
-              lambda ts, xs, y: relu_grad(ts[0], y), elementwise=True)
-ABS = _defop("abs", np.abs, _unary_any, lambda g, xs, y, n: (g * sign(xs[0]),),
-             lambda ts, xs, y: ts[0] * sign(xs[0]), elementwise=True)
+def _relu_vjp(g, xs, y, needs):
+    return (relu_grad(g, y),)
+
+
+def _relu_jvp(ts, xs, y):
+    return relu_grad(ts[0], y)
+
+
+RELU = defop("relu", compute=_relu_np, infer=_unary_any, vjp=_relu_vjp, jvp=_relu_jvp,
+             elementwise=True, fusion="_relu({0})")
+
+
+def _abs_vjp(g, xs, y, needs):
+    return (g * sign(xs[0]),)
+
+
+def _abs_jvp(ts, xs, y):
+    return ts[0] * sign(xs[0])
+
+
+ABS = defop("abs", compute=np.abs, infer=_unary_any, vjp=_abs_vjp, jvp=_abs_jvp,
+            elementwise=True, fusion="abs({0})")
+
+
 # sign is flat almost everywhere: its rules say "no gradient" (zero) rather than being absent,
 # so a graph transform can tell it from an op that has no rule at all.
-SIGN = _defop("sign", np.sign, _unary_any, lambda g, xs, y, n: (None,), lambda ts, xs, y: None,
-              elementwise=True)
+def _sign_vjp(g, xs, y, needs):
+    return (None,)
+
+
+def _sign_jvp(ts, xs, y):
+    return None
+
+
+SIGN = defop("sign", compute=np.sign, infer=_unary_any, vjp=_sign_vjp, jvp=_sign_jvp,
+             elementwise=True, fusion="_sign({0})")
 
 
 # --- where and cast ---------------------------------------------------------------------------
@@ -231,11 +361,11 @@ def _where_infer(c, a, b):
     return AVal(shape, dtypes.promote(a.dtype, b.dtype))
 
 
-def _where_vjp(g, xs, y, n):
+def _where_vjp(g, xs, y, needs):
     c, a, b = xs
     return (None,
-            unbroadcast(where(c, g, 0.0), a.shape) if n[1] else None,
-            unbroadcast(where(c, 0.0, g), b.shape) if n[2] else None)
+            unbroadcast(where(c, g, 0.0), a.shape) if needs[1] else None,
+            unbroadcast(where(c, 0.0, g), b.shape) if needs[2] else None)
 
 
 def _where_jvp(ts, xs, y):
@@ -247,14 +377,19 @@ def _where_jvp(ts, xs, y):
     return where(c, ta, tb)
 
 
-WHERE = _defop("where", np.where, _where_infer, _where_vjp, _where_jvp, elementwise=True)
+WHERE = defop("where", compute=np.where, infer=_where_infer, vjp=_where_vjp, jvp=_where_jvp,
+              elementwise=True, fusion="({1} if {0} else {2})")
+
+
+def _cast_np(x, dtype):
+    return x.astype(dtype)
 
 
 def _cast_infer(x, dtype):
     return AVal(x.shape, dtypes.as_dtype(dtype, "cast"))
 
 
-def _cast_vjp(g, xs, y, n, dtype):
+def _cast_vjp(g, xs, y, needs, dtype):
     return (cast(g, xs[0].dtype) if dtypes.is_float(xs[0].dtype) else None,)
 
 
@@ -262,8 +397,10 @@ def _cast_jvp(ts, xs, y, dtype):
     return cast(ts[0], dtype) if dtypes.is_float(dtype) else None
 
 
-CAST = _defop("cast", lambda x, dtype: x.astype(dtype), _cast_infer, _cast_vjp, _cast_jvp,
-              elementwise=True)
+CAST = defop("cast", compute=_cast_np, infer=_cast_infer, vjp=_cast_vjp, jvp=_cast_jvp,
+             elementwise=True,
+             unfusable_reason="its dtype attribute: a fused program's steps carry no attributes, "
+                              "and the generated loop computes in one dtype")
 
 
 # --- the public functions ---------------------------------------------------------------------
@@ -315,32 +452,32 @@ def minimum(a, b):
 
 def eq(a, b):
     """Elementwise ``a == b`` (bool)."""
-    return apply(_CMP["eq"], a, b)
+    return apply(EQ, a, b)
 
 
 def ne(a, b):
     """Elementwise ``a != b`` (bool)."""
-    return apply(_CMP["ne"], a, b)
+    return apply(NE, a, b)
 
 
 def lt(a, b):
     """Elementwise ``a < b`` (bool)."""
-    return apply(_CMP["lt"], a, b)
+    return apply(LT, a, b)
 
 
 def le(a, b):
     """Elementwise ``a <= b`` (bool)."""
-    return apply(_CMP["le"], a, b)
+    return apply(LE, a, b)
 
 
 def gt(a, b):
     """Elementwise ``a > b`` (bool)."""
-    return apply(_CMP["gt"], a, b)
+    return apply(GT, a, b)
 
 
 def ge(a, b):
     """Elementwise ``a >= b`` (bool)."""
-    return apply(_CMP["ge"], a, b)
+    return apply(GE, a, b)
 
 
 def neg(x):
@@ -421,7 +558,3 @@ def where(cond, a, b):
 def cast(x, dtype):
     """Convert ``x`` to ``dtype`` (e.g. a uint8 image to float32)."""
     return apply(CAST, x, dtype=dtypes.as_dtype(dtype, "cast"))
-
-
-# Reductions and shape ops live in ops_shape; imported here for the rules above.
-from .ops_shape import reshape, sum  # noqa: E402

@@ -1,17 +1,19 @@
-"""Neural-network ops: softmax family, losses, convolution, pooling, dropout."""
+"""Neural-network ops: softmax family, losses, convolution, pooling, dropout.
+
+Each op is defined once with :func:`~.registry.defop`, its VJP and JVP rules named beside it
+(conventions in :mod:`.ops_math`).
+"""
 
 import numpy as np
 
 from ..errors import ArgumentError, DTypeError, OpError, ShapeError
 from . import dtypes
-from .ops_math import cast, exp, sqrt, tsum
-from .ops_shape import as_int, mean, reshape, sum
-from .registry import AVal, Op, register
-from .tensor import Tensor, apply, as_tensor
-
-
-def _defop(name, compute, infer, vjp=None, jvp=None, **flags):
-    return register(Op(name, compute, infer, vjp, jvp, **flags))
+from .dispatch import apply, tsum
+from .ops_math import cast, exp, sqrt
+from .ops_shape import mean, reshape, sum
+from .registry import AVal, defop
+from .shapes import as_int, conv_out_size
+from .tensor import Tensor, as_tensor
 
 
 def _float_infer(name):
@@ -39,12 +41,28 @@ def _log_softmax_np(x, axis):
     return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
 
 
-SOFTMAX = _defop("softmax", _softmax_np, _float_infer("softmax"),
-                 lambda g, xs, y, n, axis: (y * (g - sum(g * y, axis, True)),),
-                 lambda ts, xs, y, axis: y * (ts[0] - sum(ts[0] * y, axis, True)))
-LOG_SOFTMAX = _defop("log_softmax", _log_softmax_np, _float_infer("log_softmax"),
-                     lambda g, xs, y, n, axis: (g - exp(y) * sum(g, axis, True),),
-                     lambda ts, xs, y, axis: ts[0] - sum(exp(y) * ts[0], axis, True))
+def _softmax_vjp(g, xs, y, needs, axis):
+    return (y * (g - sum(g * y, axis, True)),)
+
+
+def _softmax_jvp(ts, xs, y, axis):
+    return y * (ts[0] - sum(ts[0] * y, axis, True))
+
+
+SOFTMAX = defop("softmax", compute=_softmax_np, infer=_float_infer("softmax"), vjp=_softmax_vjp,
+                jvp=_softmax_jvp)
+
+
+def _log_softmax_vjp(g, xs, y, needs, axis):
+    return (g - exp(y) * sum(g, axis, True),)
+
+
+def _log_softmax_jvp(ts, xs, y, axis):
+    return ts[0] - sum(exp(y) * ts[0], axis, True)
+
+
+LOG_SOFTMAX = defop("log_softmax", compute=_log_softmax_np, infer=_float_infer("log_softmax"),
+                    vjp=_log_softmax_vjp, jvp=_log_softmax_jvp)
 
 
 # --- losses -----------------------------------------------------------------------------------
@@ -61,7 +79,7 @@ def _one_hot_np(t, num_classes, dtype):
     return (t[..., None] == np.arange(num_classes)).astype(dtype)
 
 
-ONE_HOT = _defop("one_hot", _one_hot_np, _one_hot_infer)
+ONE_HOT = defop("one_hot", compute=_one_hot_np, infer=_one_hot_infer)
 
 
 def _ce_infer(x, t):
@@ -96,15 +114,22 @@ def _ce_grad_np(x, t):
     return p
 
 
-def _ce_grad_vjp(u, xs, y, n):
+def _ce_grad_infer(x, t):
+    return AVal(tuple(x.shape), x.dtype)
+
+
+def _ce_grad_vjp(u, xs, y, needs):
     """d/dx of (softmax(x) - onehot(t)) / N, applied to ``u``: the softmax rule, scaled."""
     p = softmax(xs[0], 1)
     return (p * (u - sum(u * p, 1, True)) / float(xs[0].shape[0]), None)
 
 
-CROSS_ENTROPY_GRAD = _defop(
-    "cross_entropy_grad", _ce_grad_np, lambda x, t: AVal(tuple(x.shape), x.dtype), _ce_grad_vjp,
-    lambda ts, xs, y: None if ts[0] is None else _ce_grad_vjp(ts[0], xs, y, (True, False))[0])
+def _ce_grad_jvp(ts, xs, y):
+    return None if ts[0] is None else _ce_grad_vjp(ts[0], xs, y, (True, False))[0]
+
+
+CROSS_ENTROPY_GRAD = defop("cross_entropy_grad", compute=_ce_grad_np, infer=_ce_grad_infer,
+                           vjp=_ce_grad_vjp, jvp=_ce_grad_jvp)
 
 
 def _ce_dlogits(x, t):
@@ -112,16 +137,19 @@ def _ce_dlogits(x, t):
     return apply(CROSS_ENTROPY_GRAD, x, t)
 
 
-def _ce_vjp(g, xs, y, n):
+def _ce_vjp(g, xs, y, needs):
     d = _ce_dlogits(*xs)
     one = (g.data is not None and not g.requires_grad and g.data.shape == ()
            and g.data == 1)  # skip a multiply by 1
     return (d if one else d * g, None)
 
 
-CROSS_ENTROPY = _defop("cross_entropy", _ce_np, _ce_infer, _ce_vjp,
-                       lambda ts, xs, y: None if ts[0] is None
-                       else sum(_ce_dlogits(*xs) * ts[0]))
+def _ce_jvp(ts, xs, y):
+    return None if ts[0] is None else sum(_ce_dlogits(*xs) * ts[0])
+
+
+CROSS_ENTROPY = defop("cross_entropy", compute=_ce_np, infer=_ce_infer, vjp=_ce_vjp,
+                      jvp=_ce_jvp)
 
 
 def _mse_infer(p, t):
@@ -138,14 +166,20 @@ def _mse_dpred(p, t):
     return (p - t) * (2.0 / max(p.size, 1))
 
 
-def _mse_vjp(g, xs, y, n):
+def _mse_np(p, t):
+    return np.mean((p - t) ** 2)
+
+
+def _mse_vjp(g, xs, y, needs):
     d = _mse_dpred(*xs) * g
-    return (d if n[0] else None, -d if n[1] else None)
+    return (d if needs[0] else None, -d if needs[1] else None)
 
 
-MSE_LOSS = _defop("mse_loss", lambda p, t: np.mean((p - t) ** 2), _mse_infer, _mse_vjp,
-                  lambda ts, xs, y: sum(_mse_dpred(*xs) *
-                                        tsum(ts[0], None if ts[1] is None else -ts[1])))
+def _mse_jvp(ts, xs, y):
+    return sum(_mse_dpred(*xs) * tsum(ts[0], None if ts[1] is None else -ts[1]))
+
+
+MSE_LOSS = defop("mse_loss", compute=_mse_np, infer=_mse_infer, vjp=_mse_vjp, jvp=_mse_jvp)
 
 
 # --- convolution (NCHW input, OIHW weight) ----------------------------------------------------
@@ -155,10 +189,6 @@ def _pair(op, name, v):
     if len(pair) != 2:
         raise ShapeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
     return tuple(as_int(op, name, e) for e in pair)
-
-
-def conv_out_size(size, k, stride, pad):
-    return (size + 2 * pad - k) // stride + 1
 
 
 def _check_window(op, stride, padding, kernel=None):
@@ -229,34 +259,57 @@ def _conv_grad_weight_np(x, g, w_shape, stride, padding):
     return np.tensordot(g, win, axes=((0, 2, 3), (0, 2, 3)))  # (O, C, kh, kw)
 
 
-CONV2D = _defop(
-    "conv2d", _conv_np, _conv_infer,
-    lambda g, xs, y, n, stride, padding: (
-        conv2d_grad_input(g, xs[1], xs[0].shape, stride, padding) if n[0] else None,
-        conv2d_grad_weight(xs[0], g, xs[1].shape, stride, padding) if n[1] else None),
-    lambda ts, xs, y, stride, padding: tsum(
-        None if ts[0] is None else _conv(ts[0], xs[1], stride, padding),
-        None if ts[1] is None else _conv(xs[0], ts[1], stride, padding)))
+def _conv_vjp(g, xs, y, needs, stride, padding):
+    return (conv2d_grad_input(g, xs[1], xs[0].shape, stride, padding) if needs[0] else None,
+            conv2d_grad_weight(xs[0], g, xs[1].shape, stride, padding) if needs[1] else None)
 
-CONV2D_GRAD_INPUT = _defop(
-    "conv2d_grad_input", _conv_grad_input_np,
-    lambda g, w, x_shape, stride, padding: AVal(tuple(x_shape), g.dtype),
-    lambda u, xs, y, n, x_shape, stride, padding: (
-        _conv(u, xs[1], stride, padding) if n[0] else None,
-        conv2d_grad_weight(u, xs[0], xs[1].shape, stride, padding) if n[1] else None),
-    lambda ts, xs, y, x_shape, stride, padding: tsum(
+
+def _conv_jvp(ts, xs, y, stride, padding):
+    return tsum(None if ts[0] is None else _conv(ts[0], xs[1], stride, padding),
+                None if ts[1] is None else _conv(xs[0], ts[1], stride, padding))
+
+
+CONV2D = defop("conv2d", compute=_conv_np, infer=_conv_infer, vjp=_conv_vjp, jvp=_conv_jvp)
+
+
+def _conv_grad_input_infer(g, w, x_shape, stride, padding):
+    return AVal(tuple(x_shape), g.dtype)
+
+
+def _conv_grad_input_vjp(u, xs, y, needs, x_shape, stride, padding):
+    return (_conv(u, xs[1], stride, padding) if needs[0] else None,
+            conv2d_grad_weight(u, xs[0], xs[1].shape, stride, padding) if needs[1] else None)
+
+
+def _conv_grad_input_jvp(ts, xs, y, x_shape, stride, padding):
+    return tsum(
         None if ts[0] is None else conv2d_grad_input(ts[0], xs[1], x_shape, stride, padding),
-        None if ts[1] is None else conv2d_grad_input(xs[0], ts[1], x_shape, stride, padding)))
+        None if ts[1] is None else conv2d_grad_input(xs[0], ts[1], x_shape, stride, padding))
 
-CONV2D_GRAD_WEIGHT = _defop(
-    "conv2d_grad_weight", _conv_grad_weight_np,
-    lambda x, g, w_shape, stride, padding: AVal(tuple(w_shape), x.dtype),
-    lambda u, xs, y, n, w_shape, stride, padding: (
-        conv2d_grad_input(xs[1], u, xs[0].shape, stride, padding) if n[0] else None,
-        _conv(xs[0], u, stride, padding) if n[1] else None),
-    lambda ts, xs, y, w_shape, stride, padding: tsum(
+
+CONV2D_GRAD_INPUT = defop("conv2d_grad_input", compute=_conv_grad_input_np,
+                          infer=_conv_grad_input_infer, vjp=_conv_grad_input_vjp,
+                          jvp=_conv_grad_input_jvp)
+
+
+def _conv_grad_weight_infer(x, g, w_shape, stride, padding):
+    return AVal(tuple(w_shape), x.dtype)
+
+
+def _conv_grad_weight_vjp(u, xs, y, needs, w_shape, stride, padding):
+    return (conv2d_grad_input(xs[1], u, xs[0].shape, stride, padding) if needs[0] else None,
+            _conv(xs[0], u, stride, padding) if needs[1] else None)
+
+
+def _conv_grad_weight_jvp(ts, xs, y, w_shape, stride, padding):
+    return tsum(
         None if ts[0] is None else conv2d_grad_weight(ts[0], xs[1], w_shape, stride, padding),
-        None if ts[1] is None else conv2d_grad_weight(xs[0], ts[1], w_shape, stride, padding)))
+        None if ts[1] is None else conv2d_grad_weight(xs[0], ts[1], w_shape, stride, padding))
+
+
+CONV2D_GRAD_WEIGHT = defop("conv2d_grad_weight", compute=_conv_grad_weight_np,
+                           infer=_conv_grad_weight_infer, vjp=_conv_grad_weight_vjp,
+                           jvp=_conv_grad_weight_jvp)
 
 
 def _conv(x, w, stride, padding):
@@ -333,26 +386,55 @@ def _maxpool_scatter_np(g, x, kernel, stride, padding):
 
 
 _maxpool_infer = _pool_infer("max_pool2d")
-MAX_POOL2D = _defop(
-    "max_pool2d", _maxpool_np, _maxpool_infer,
-    lambda g, xs, y, n, kernel, stride, padding: (
-        apply(MAX_POOL2D_SCATTER, g, xs[0], kernel=kernel, stride=stride, padding=padding),),
-    lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
-        MAX_POOL2D_SELECT, ts[0], xs[0], kernel=kernel, stride=stride, padding=padding))
-MAX_POOL2D_SELECT = _defop(
-    "max_pool2d_select", _maxpool_select_np,
-    lambda u, x, kernel, stride, padding: _maxpool_infer(x, kernel, stride, padding),
-    lambda g, xs, y, n, kernel, stride, padding: (
-        apply(MAX_POOL2D_SCATTER, g, xs[1], kernel=kernel, stride=stride, padding=padding), None),
-    lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
-        MAX_POOL2D_SELECT, ts[0], xs[1], kernel=kernel, stride=stride, padding=padding))
-MAX_POOL2D_SCATTER = _defop(
-    "max_pool2d_scatter", _maxpool_scatter_np,
-    lambda g, x, kernel, stride, padding: AVal(tuple(x.shape), g.dtype),
-    lambda u, xs, y, n, kernel, stride, padding: (
-        apply(MAX_POOL2D_SELECT, u, xs[1], kernel=kernel, stride=stride, padding=padding), None),
-    lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
-        MAX_POOL2D_SCATTER, ts[0], xs[1], kernel=kernel, stride=stride, padding=padding))
+def _maxpool_vjp(g, xs, y, needs, kernel, stride, padding):
+    return (apply(MAX_POOL2D_SCATTER, g, xs[0], kernel=kernel, stride=stride, padding=padding),)
+
+
+def _maxpool_jvp(ts, xs, y, kernel, stride, padding):
+    return None if ts[0] is None else apply(
+        MAX_POOL2D_SELECT, ts[0], xs[0], kernel=kernel, stride=stride, padding=padding)
+
+
+MAX_POOL2D = defop("max_pool2d", compute=_maxpool_np, infer=_maxpool_infer, vjp=_maxpool_vjp,
+                   jvp=_maxpool_jvp)
+
+
+def _maxpool_select_infer(u, x, kernel, stride, padding):
+    return _maxpool_infer(x, kernel, stride, padding)
+
+
+def _maxpool_select_vjp(g, xs, y, needs, kernel, stride, padding):
+    return (apply(MAX_POOL2D_SCATTER, g, xs[1], kernel=kernel, stride=stride, padding=padding),
+            None)
+
+
+def _maxpool_select_jvp(ts, xs, y, kernel, stride, padding):
+    return None if ts[0] is None else apply(
+        MAX_POOL2D_SELECT, ts[0], xs[1], kernel=kernel, stride=stride, padding=padding)
+
+
+MAX_POOL2D_SELECT = defop("max_pool2d_select", compute=_maxpool_select_np,
+                          infer=_maxpool_select_infer, vjp=_maxpool_select_vjp,
+                          jvp=_maxpool_select_jvp)
+
+
+def _maxpool_scatter_infer(g, x, kernel, stride, padding):
+    return AVal(tuple(x.shape), g.dtype)
+
+
+def _maxpool_scatter_vjp(u, xs, y, needs, kernel, stride, padding):
+    return (apply(MAX_POOL2D_SELECT, u, xs[1], kernel=kernel, stride=stride, padding=padding),
+            None)
+
+
+def _maxpool_scatter_jvp(ts, xs, y, kernel, stride, padding):
+    return None if ts[0] is None else apply(
+        MAX_POOL2D_SCATTER, ts[0], xs[1], kernel=kernel, stride=stride, padding=padding)
+
+
+MAX_POOL2D_SCATTER = defop("max_pool2d_scatter", compute=_maxpool_scatter_np,
+                           infer=_maxpool_scatter_infer, vjp=_maxpool_scatter_vjp,
+                           jvp=_maxpool_scatter_jvp)
 
 
 def _avgpool_np(x, kernel, stride, padding):
@@ -371,20 +453,35 @@ def _avgpool_grad_np(g, x_shape, kernel, stride, padding):
     return out[:, :, ph:ph + h, pw:pw + w]
 
 
-AVG_POOL2D = _defop(
-    "avg_pool2d", _avgpool_np, _pool_infer("avg_pool2d"),
-    lambda g, xs, y, n, kernel, stride, padding: (
-        apply(AVG_POOL2D_GRAD, g, x_shape=tuple(xs[0].shape), kernel=kernel, stride=stride,
-              padding=padding),),
-    lambda ts, xs, y, kernel, stride, padding: None if ts[0] is None else apply(
-        AVG_POOL2D, ts[0], kernel=kernel, stride=stride, padding=padding))
-AVG_POOL2D_GRAD = _defop(
-    "avg_pool2d_grad", _avgpool_grad_np,
-    lambda g, x_shape, kernel, stride, padding: AVal(tuple(x_shape), g.dtype),
-    lambda u, xs, y, n, x_shape, kernel, stride, padding: (
-        apply(AVG_POOL2D, u, kernel=kernel, stride=stride, padding=padding),),
-    lambda ts, xs, y, x_shape, kernel, stride, padding: None if ts[0] is None else apply(
-        AVG_POOL2D_GRAD, ts[0], x_shape=x_shape, kernel=kernel, stride=stride, padding=padding))
+def _avgpool_vjp(g, xs, y, needs, kernel, stride, padding):
+    return (apply(AVG_POOL2D_GRAD, g, x_shape=tuple(xs[0].shape), kernel=kernel, stride=stride,
+                  padding=padding),)
+
+
+def _avgpool_jvp(ts, xs, y, kernel, stride, padding):
+    return None if ts[0] is None else apply(
+        AVG_POOL2D, ts[0], kernel=kernel, stride=stride, padding=padding)
+
+
+AVG_POOL2D = defop("avg_pool2d", compute=_avgpool_np, infer=_pool_infer("avg_pool2d"),
+                   vjp=_avgpool_vjp, jvp=_avgpool_jvp)
+
+
+def _avgpool_grad_infer(g, x_shape, kernel, stride, padding):
+    return AVal(tuple(x_shape), g.dtype)
+
+
+def _avgpool_grad_vjp(u, xs, y, needs, x_shape, kernel, stride, padding):
+    return (apply(AVG_POOL2D, u, kernel=kernel, stride=stride, padding=padding),)
+
+
+def _avgpool_grad_jvp(ts, xs, y, x_shape, kernel, stride, padding):
+    return None if ts[0] is None else apply(
+        AVG_POOL2D_GRAD, ts[0], x_shape=x_shape, kernel=kernel, stride=stride, padding=padding)
+
+
+AVG_POOL2D_GRAD = defop("avg_pool2d_grad", compute=_avgpool_grad_np, infer=_avgpool_grad_infer,
+                        vjp=_avgpool_grad_vjp, jvp=_avgpool_grad_jvp)
 
 
 # --- dropout ----------------------------------------------------------------------------------
@@ -399,7 +496,11 @@ def _rng_seed_np():
     return np.asarray(_rng.integers(2**31), dtype=np.int64)
 
 
-RNG_SEED = _defop("rng_seed", _rng_seed_np, lambda: AVal((), dtypes.int64), impure=True)
+def _rng_seed_infer():
+    return AVal((), dtypes.int64)
+
+
+RNG_SEED = defop("rng_seed", compute=_rng_seed_np, infer=_rng_seed_infer, impure=True)
 
 
 def _dropout_np(x, seed, p):
@@ -418,10 +519,16 @@ def _dropout_infer(x, seed, p):
     return AVal(x.shape, x.dtype)
 
 
-DROPOUT = _defop("dropout", _dropout_np, _dropout_infer,
-                 lambda g, xs, y, n, p: (apply(DROPOUT, g, xs[1], p=p), None),
-                 lambda ts, xs, y, p: None if ts[0] is None else apply(DROPOUT, ts[0], xs[1], p=p),
-                 inplace=(0,))
+def _dropout_vjp(g, xs, y, needs, p):
+    return (apply(DROPOUT, g, xs[1], p=p), None)
+
+
+def _dropout_jvp(ts, xs, y, p):
+    return None if ts[0] is None else apply(DROPOUT, ts[0], xs[1], p=p)
+
+
+DROPOUT = defop("dropout", compute=_dropout_np, infer=_dropout_infer, vjp=_dropout_vjp,
+                jvp=_dropout_jvp, inplace=(0,))
 
 
 def manual_seed(seed):

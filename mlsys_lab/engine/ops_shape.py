@@ -1,4 +1,9 @@
-"""Shape ops, reductions, indexing and matmul."""
+"""Shape ops, reductions, indexing and matmul.
+
+Each op is defined once with :func:`~.registry.defop`, its VJP and JVP rules named beside it
+(conventions in :mod:`.ops_math`). The view ops (identity, reshape, transpose, broadcast_to)
+also give ``view``: the compiled executor then makes a numpy view instead of a copy.
+"""
 
 import builtins
 
@@ -6,62 +11,35 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from . import dtypes
-from .registry import AVal, Op, register
-from .tensor import apply, zeros_like
-
-
-def _defop(name, compute, infer, vjp=None, jvp=None):
-    return register(Op(name, compute, infer, vjp, jvp))
-
-
-def _lin(f):
-    """JVP rule of an op that is linear in its first input: apply the same op to the tangent."""
-    def jvp(ts, xs, y, **attrs):
-        return None if ts[0] is None else f(ts[0], **attrs)
-    return jvp
-
-
-def as_int(op, name, v):
-    """``v`` as a Python int; a DTypeError naming ``op`` and ``name`` when it is no integer
-    (``axis=1.5`` must not silently become 1)."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise DTypeError(f"{op}: {name} must be an integer, got {v!r} ({type(v).__name__})")
-    return int(v)
-
-
-def check_axis(op, axis, ndim):
-    """``axis`` (an int, may be negative) as a non-negative axis of a rank-``ndim`` tensor."""
-    a = as_int(op, "axis", axis)
-    if not -ndim <= a < ndim:
-        raise ShapeError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
-    return a % ndim
-
-
-def norm_axes(op, axis, ndim):
-    """Canonical reduction axes: a sorted tuple of non-negative ints (None = all axes)."""
-    if axis is None:
-        return tuple(range(ndim))
-    axes = tuple(axis) if isinstance(axis, (tuple, list, np.ndarray)) else (axis,)
-    out = []
-    for a in axes:
-        a = as_int(op, "axis", a)
-        if not -ndim <= a < builtins.max(ndim, 1):
-            raise ShapeError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
-        out.append(a % builtins.max(ndim, 1))
-    if len(set(out)) != len(out):
-        raise ShapeError(f"{op}: repeated axis in {axis}")
-    return tuple(sorted(out))
-
-
-def _reduced_shape(shape, axes, keepdims):
-    if keepdims:
-        return tuple(1 if i in axes else d for i, d in enumerate(shape))
-    return tuple(d for i, d in enumerate(shape) if i not in axes)
+from .dispatch import apply, tsum
+from .registry import AVal, defop
+from .shapes import as_int, broadcast_shapes, check_axis, norm_axes, reduced_shape, unbroadcast
+from .tensor import Tensor, zeros_like
 
 
 # --- identity, reshape, transpose, broadcast_to --------------------------------------------------
-IDENTITY = _defop("identity", lambda x: x, lambda x: x, lambda g, xs, y, n: (g,),
-                  lambda ts, xs, y: ts[0])
+def _identity_np(x):
+    return x
+
+
+def _identity_infer(x):
+    return x
+
+
+def _identity_vjp(g, xs, y, needs):
+    return (g,)
+
+
+def _identity_jvp(ts, xs, y):
+    return ts[0]
+
+
+IDENTITY = defop("identity", compute=_identity_np, infer=_identity_infer, vjp=_identity_vjp,
+                 jvp=_identity_jvp, view=_identity_np)
+
+
+def _reshape_np(x, shape):
+    return x.reshape(shape)
 
 
 def _reshape_infer(x, shape):
@@ -74,9 +52,20 @@ def _reshape_infer(x, shape):
     return AVal(tuple(shape), x.dtype)
 
 
-RESHAPE = _defop("reshape", lambda x, shape: x.reshape(shape), _reshape_infer,
-                 lambda g, xs, y, n, shape: (reshape(g, xs[0].shape),),
-                 _lin(lambda t, shape: reshape(t, shape)))
+def _reshape_vjp(g, xs, y, needs, shape):
+    return (reshape(g, xs[0].shape),)
+
+
+def _reshape_jvp(ts, xs, y, shape):
+    return None if ts[0] is None else reshape(ts[0], shape)
+
+
+RESHAPE = defop("reshape", compute=_reshape_np, infer=_reshape_infer, vjp=_reshape_vjp,
+                jvp=_reshape_jvp, view=_reshape_np)
+
+
+def _transpose_np(x, axes):
+    return np.transpose(x, axes)
 
 
 def _transpose_infer(x, axes):
@@ -86,9 +75,20 @@ def _transpose_infer(x, axes):
     return AVal(tuple(x.shape[a] for a in axes), x.dtype)
 
 
-TRANSPOSE = _defop("transpose", lambda x, axes: np.transpose(x, axes), _transpose_infer,
-                   lambda g, xs, y, n, axes: (transpose(g, tuple(np.argsort(axes))),),
-                   _lin(lambda t, axes: transpose(t, axes)))
+def _transpose_vjp(g, xs, y, needs, axes):
+    return (transpose(g, tuple(np.argsort(axes))),)
+
+
+def _transpose_jvp(ts, xs, y, axes):
+    return None if ts[0] is None else transpose(ts[0], axes)
+
+
+TRANSPOSE = defop("transpose", compute=_transpose_np, infer=_transpose_infer,
+                  vjp=_transpose_vjp, jvp=_transpose_jvp, view=_transpose_np)
+
+
+def _bcast_np(x, shape):
+    return np.broadcast_to(x, shape)
 
 
 def _bcast_infer(x, shape):
@@ -99,9 +99,16 @@ def _bcast_infer(x, shape):
     return AVal(tuple(shape), x.dtype)
 
 
-BROADCAST_TO = _defop("broadcast_to", lambda x, shape: np.broadcast_to(x, shape), _bcast_infer,
-                      lambda g, xs, y, n, shape: (unbroadcast(g, xs[0].shape),),
-                      _lin(lambda t, shape: broadcast_to(t, shape)))
+def _bcast_vjp(g, xs, y, needs, shape):
+    return (unbroadcast(g, xs[0].shape),)
+
+
+def _bcast_jvp(ts, xs, y, shape):
+    return None if ts[0] is None else broadcast_to(ts[0], shape)
+
+
+BROADCAST_TO = defop("broadcast_to", compute=_bcast_np, infer=_bcast_infer, vjp=_bcast_vjp,
+                     jvp=_bcast_jvp, view=_bcast_np)
 
 
 # --- reductions -------------------------------------------------------------------------------
@@ -117,21 +124,30 @@ def _reduce_infer(name, float_only=False):
                                  f"{tuple(x.shape)}): the maximum of nothing is undefined "
                                  f"(numpy and PyTorch refuse it too)")
         dt = x.dtype if dtypes.is_float(x.dtype) or name == "max" else dtypes.int64
-        return AVal(_reduced_shape(x.shape, axis, keepdims), dt)
+        return AVal(reduced_shape(x.shape, axis, keepdims), dt)
     return infer
 
 
 def _expand(g, x_shape, axis, keepdims):
     """Reshape a reduced gradient back to rank of ``x`` and broadcast it over the reduced axes."""
     if not keepdims:
-        g = reshape(g, _reduced_shape(x_shape, axis, True))
+        g = reshape(g, reduced_shape(x_shape, axis, True))
     return broadcast_to(g, x_shape)
 
 
-SUM = _defop("sum", lambda x, axis, keepdims: np.sum(x, axis=axis, keepdims=keepdims),
-             _reduce_infer("sum"),
-             lambda g, xs, y, n, axis, keepdims: (_expand(g, xs[0].shape, axis, keepdims),),
-             _lin(lambda t, axis, keepdims: sum(t, axis, keepdims)))
+def _sum_np(x, axis, keepdims):
+    return np.sum(x, axis=axis, keepdims=keepdims)
+
+
+def _sum_vjp(g, xs, y, needs, axis, keepdims):
+    return (_expand(g, xs[0].shape, axis, keepdims),)
+
+
+def _sum_jvp(ts, xs, y, axis, keepdims):
+    return None if ts[0] is None else sum(ts[0], axis, keepdims)
+
+
+SUM = defop("sum", compute=_sum_np, infer=_reduce_infer("sum"), vjp=_sum_vjp, jvp=_sum_jvp)
 
 
 def _count(shape, axis):
@@ -140,29 +156,41 @@ def _count(shape, axis):
 
 def _mean_np(x, axis, keepdims):
     if _count(x.shape, axis) == 0:  # NaN, as in PyTorch (numpy also warns "Mean of empty slice")
-        return np.full(_reduced_shape(x.shape, axis, keepdims), np.nan, x.dtype)
+        return np.full(reduced_shape(x.shape, axis, keepdims), np.nan, x.dtype)
     return np.mean(x, axis=axis, keepdims=keepdims)
 
 
-MEAN = _defop("mean", _mean_np,
-              _reduce_infer("mean", float_only=True),
-              lambda g, xs, y, n, axis, keepdims: (
-                  _expand(g, xs[0].shape, axis, keepdims) / float(_count(xs[0].shape, axis)),),
-              _lin(lambda t, axis, keepdims: mean(t, axis, keepdims)))
+def _mean_vjp(g, xs, y, needs, axis, keepdims):
+    return (_expand(g, xs[0].shape, axis, keepdims) / float(_count(xs[0].shape, axis)),)
+
+
+def _mean_jvp(ts, xs, y, axis, keepdims):
+    return None if ts[0] is None else mean(ts[0], axis, keepdims)
+
+
+MEAN = defop("mean", compute=_mean_np, infer=_reduce_infer("mean", float_only=True),
+             vjp=_mean_vjp, jvp=_mean_jvp)
+
+
+def _max_np(x, axis, keepdims):
+    return np.max(x, axis=axis, keepdims=keepdims)
 
 
 def _max_mask(x, y, axis, keepdims):
     """Where ``x`` attains its max, split evenly among ties (as a float mask)."""
-    hit = cast(eq(x, _expand(y, x.shape, axis, keepdims)), x.dtype)
+    hit = (x == _expand(y, x.shape, axis, keepdims)).astype(x.dtype)
     return hit / sum(hit, axis, True)
 
 
-MAX = _defop("max", lambda x, axis, keepdims: np.max(x, axis=axis, keepdims=keepdims),
-             _reduce_infer("max"),
-             lambda g, xs, y, n, axis, keepdims: (
-                 _expand(g, xs[0].shape, axis, keepdims) * _max_mask(xs[0], y, axis, keepdims),),
-             lambda ts, xs, y, axis, keepdims: sum(ts[0] * _max_mask(xs[0], y, axis, keepdims),
-                                                   axis, keepdims))
+def _max_vjp(g, xs, y, needs, axis, keepdims):
+    return (_expand(g, xs[0].shape, axis, keepdims) * _max_mask(xs[0], y, axis, keepdims),)
+
+
+def _max_jvp(ts, xs, y, axis, keepdims):
+    return sum(ts[0] * _max_mask(xs[0], y, axis, keepdims), axis, keepdims)
+
+
+MAX = defop("max", compute=_max_np, infer=_reduce_infer("max"), vjp=_max_vjp, jvp=_max_jvp)
 
 
 def _argmax_infer(x, axis):
@@ -176,7 +204,11 @@ def _argmax_infer(x, axis):
     return AVal(shape, dtypes.int64)
 
 
-ARGMAX = _defop("argmax", lambda x, axis: np.argmax(x, axis=axis), _argmax_infer)
+def _argmax_np(x, axis):
+    return np.argmax(x, axis=axis)
+
+
+ARGMAX = defop("argmax", compute=_argmax_np, infer=_argmax_infer)
 
 
 # --- joining ----------------------------------------------------------------------------------
@@ -199,9 +231,9 @@ def _concat_infer(*xs, axis):
     return AVal(tuple(shape), xs[0].dtype)
 
 
-def _concat_vjp(g, xs, y, n, axis):
+def _concat_vjp(g, xs, y, needs, axis):
     ax, start, out = axis % len(g.shape), 0, []
-    for x, need in zip(xs, n):
+    for x, need in zip(xs, needs):
         size = x.shape[ax]
         idx = (slice(None),) * ax + (slice(start, start + size),)
         out.append(getitem(g, idx) if need else None)
@@ -213,8 +245,12 @@ def _concat_jvp(ts, xs, y, axis):
     return concatenate([t if t is not None else zeros_like(x) for t, x in zip(ts, xs)], axis)
 
 
-CONCATENATE = _defop("concatenate", lambda *xs, axis: np.concatenate(xs, axis=axis),
-                     _concat_infer, _concat_vjp, _concat_jvp)
+def _concat_np(*xs, axis):
+    return np.concatenate(xs, axis=axis)
+
+
+CONCATENATE = defop("concatenate", compute=_concat_np, infer=_concat_infer, vjp=_concat_vjp,
+                    jvp=_concat_jvp)
 
 
 def _stack_infer(*xs, axis):
@@ -237,12 +273,20 @@ def dtypes_common(xs, op):
     return xs[0].dtype
 
 
-STACK = _defop("stack", lambda *xs, axis: np.stack(xs, axis=axis), _stack_infer,
-               lambda g, xs, y, n, axis: tuple(
-                   getitem(g, (slice(None),) * (axis % len(g.shape)) + (i,)) if need else None
-                   for i, need in enumerate(n)),
-               lambda ts, xs, y, axis: stack(
-                   [t if t is not None else zeros_like(x) for t, x in zip(ts, xs)], axis))
+def _stack_np(*xs, axis):
+    return np.stack(xs, axis=axis)
+
+
+def _stack_vjp(g, xs, y, needs, axis):
+    return tuple(getitem(g, (slice(None),) * (axis % len(g.shape)) + (i,)) if need else None
+                 for i, need in enumerate(needs))
+
+
+def _stack_jvp(ts, xs, y, axis):
+    return stack([t if t is not None else zeros_like(x) for t, x in zip(ts, xs)], axis)
+
+
+STACK = defop("stack", compute=_stack_np, infer=_stack_infer, vjp=_stack_vjp, jvp=_stack_jvp)
 
 
 # --- indexing ---------------------------------------------------------------------------------
@@ -251,8 +295,6 @@ STACK = _defop("stack", lambda *xs, axis: np.stack(xs, axis=axis), _stack_infer,
 # of Python ints or bools. ``_np_index`` turns it back into what numpy indexes with.
 def canonical_index(index):
     """``index`` (anything numpy's ``x[index]`` takes, minus tracers) in canonical form."""
-    from .tensor import Tensor
-
     parts = index if isinstance(index, tuple) else (index,)
     out = []
     for i in parts:
@@ -326,10 +368,24 @@ def _idx_str(index):
     return "[" + ", ".join(one(i) for i in index) + "]"
 
 
-GETITEM = _defop("getitem", lambda x, index: x[_np_index(index)],
-                 lambda x, index: AVal(_index_shape("getitem", x.shape, index), x.dtype),
-                 lambda g, xs, y, n, index: (getitem_grad(g, xs[0].shape, index),),
-                 _lin(lambda t, index: getitem(t, index)))
+def _getitem_np(x, index):
+    return x[_np_index(index)]
+
+
+def _getitem_infer(x, index):
+    return AVal(_index_shape("getitem", x.shape, index), x.dtype)
+
+
+def _getitem_vjp(g, xs, y, needs, index):
+    return (getitem_grad(g, xs[0].shape, index),)
+
+
+def _getitem_jvp(ts, xs, y, index):
+    return None if ts[0] is None else getitem(ts[0], index)
+
+
+GETITEM = defop("getitem", compute=_getitem_np, infer=_getitem_infer, vjp=_getitem_vjp,
+                jvp=_getitem_jvp)
 
 
 def _getitem_grad_compute(g, shape, index):
@@ -341,10 +397,20 @@ def _getitem_grad_compute(g, shape, index):
     return z
 
 
-GETITEM_GRAD = _defop("getitem_grad", _getitem_grad_compute,
-                      lambda g, shape, index: AVal(tuple(shape), g.dtype),
-                      lambda u, xs, y, n, shape, index: (getitem(u, index),),
-                      _lin(lambda t, shape, index: getitem_grad(t, shape, index)))
+def _getitem_grad_infer(g, shape, index):
+    return AVal(tuple(shape), g.dtype)
+
+
+def _getitem_grad_vjp(u, xs, y, needs, shape, index):
+    return (getitem(u, index),)
+
+
+def _getitem_grad_jvp(ts, xs, y, shape, index):
+    return None if ts[0] is None else getitem_grad(ts[0], shape, index)
+
+
+GETITEM_GRAD = defop("getitem_grad", compute=_getitem_grad_compute, infer=_getitem_grad_infer,
+                     vjp=_getitem_grad_vjp, jvp=_getitem_grad_jvp)
 
 
 def _take_infer(x, idx, axis):
@@ -364,9 +430,15 @@ def _take_compute(x, idx, axis):
     return np.take(x, idx, axis=axis)
 
 
-TAKE = _defop("take", _take_compute, _take_infer,
-              lambda g, xs, y, n, axis: (take_grad(g, xs[1], xs[0].shape, axis), None),
-              lambda ts, xs, y, axis: None if ts[0] is None else take(ts[0], xs[1], axis))
+def _take_vjp(g, xs, y, needs, axis):
+    return (take_grad(g, xs[1], xs[0].shape, axis), None)
+
+
+def _take_jvp(ts, xs, y, axis):
+    return None if ts[0] is None else take(ts[0], xs[1], axis)
+
+
+TAKE = defop("take", compute=_take_compute, infer=_take_infer, vjp=_take_vjp, jvp=_take_jvp)
 
 
 def _take_grad_compute(g, idx, shape, axis):
@@ -377,11 +449,20 @@ def _take_grad_compute(g, idx, shape, axis):
     return z
 
 
-TAKE_GRAD = _defop("take_grad", _take_grad_compute,
-                   lambda g, idx, shape, axis: AVal(tuple(shape), g.dtype),
-                   lambda u, xs, y, n, shape, axis: (take(u, xs[1], axis), None),
-                   lambda ts, xs, y, shape, axis: None if ts[0] is None
-                   else take_grad(ts[0], xs[1], shape, axis))
+def _take_grad_infer(g, idx, shape, axis):
+    return AVal(tuple(shape), g.dtype)
+
+
+def _take_grad_vjp(u, xs, y, needs, shape, axis):
+    return (take(u, xs[1], axis), None)
+
+
+def _take_grad_jvp(ts, xs, y, shape, axis):
+    return None if ts[0] is None else take_grad(ts[0], xs[1], shape, axis)
+
+
+TAKE_GRAD = defop("take_grad", compute=_take_grad_compute, infer=_take_grad_infer,
+                  vjp=_take_grad_vjp, jvp=_take_grad_jvp)
 
 
 # --- pad --------------------------------------------------------------------------------------
@@ -392,12 +473,19 @@ def _pad_infer(x, pad_width, value):
     return AVal(tuple(d + a + b for d, (a, b) in zip(x.shape, pad_width)), x.dtype)
 
 
-PAD = _defop("pad", lambda x, pad_width, value: np.pad(x, pad_width, constant_values=value),
-             _pad_infer,
-             lambda g, xs, y, n, pad_width, value: (getitem(g, tuple(
-                 slice(a, a + d) for d, (a, b) in zip(xs[0].shape, pad_width))),),
-             lambda ts, xs, y, pad_width, value: None if ts[0] is None
-             else pad(ts[0], pad_width, 0.0))
+def _pad_np(x, pad_width, value):
+    return np.pad(x, pad_width, constant_values=value)
+
+
+def _pad_vjp(g, xs, y, needs, pad_width, value):
+    return (getitem(g, tuple(slice(a, a + d) for d, (a, b) in zip(xs[0].shape, pad_width))),)
+
+
+def _pad_jvp(ts, xs, y, pad_width, value):
+    return None if ts[0] is None else pad(ts[0], pad_width, 0.0)
+
+
+PAD = defop("pad", compute=_pad_np, infer=_pad_infer, vjp=_pad_vjp, jvp=_pad_jvp)
 
 
 # --- matmul -----------------------------------------------------------------------------------
@@ -424,12 +512,18 @@ def _mT(x):
     return apply(TRANSPOSE, x, axes=tuple(range(r - 2)) + (r - 1, r - 2))
 
 
-MATMUL = _defop("matmul", np.matmul, _matmul_infer,
-                lambda g, xs, y, n: (
-                    unbroadcast(matmul(g, _mT(xs[1])), xs[0].shape) if n[0] else None,
-                    unbroadcast(matmul(_mT(xs[0]), g), xs[1].shape) if n[1] else None),
-                lambda ts, xs, y: tsum(None if ts[0] is None else matmul(ts[0], xs[1]),
-                                        None if ts[1] is None else matmul(xs[0], ts[1])))
+def _matmul_vjp(g, xs, y, needs):
+    return (unbroadcast(matmul(g, _mT(xs[1])), xs[0].shape) if needs[0] else None,
+            unbroadcast(matmul(_mT(xs[0]), g), xs[1].shape) if needs[1] else None)
+
+
+def _matmul_jvp(ts, xs, y):
+    return tsum(None if ts[0] is None else matmul(ts[0], xs[1]),
+                None if ts[1] is None else matmul(xs[0], ts[1]))
+
+
+MATMUL = defop("matmul", compute=np.matmul, infer=_matmul_infer, vjp=_matmul_vjp,
+               jvp=_matmul_jvp)
 
 
 # --- public functions -------------------------------------------------------------------------
@@ -567,6 +661,3 @@ def matmul(a, b):
         shape = shape[:-1]
     return reshape(out, shape)
 
-
-# The elementwise ops the rules above use (imported last: ops_math imports this module too).
-from .ops_math import broadcast_shapes, cast, eq, tsum, unbroadcast  # noqa: E402

@@ -3,8 +3,11 @@
 * :func:`run_serial` — one worker, nodes in a topological order (the graph's, BFS or DFS).
 * :func:`run_parallel` — a thread pool that launches each node as soon as its inputs are ready,
   so independent nodes (e.g. two matmuls) overlap; numpy kernels release the GIL.
+* :func:`run_heterogeneous` — an annotated graph across devices, split / merged / sunk.
 
-Both return ``(outputs, timeline)``; a timeline is a list of :class:`Event` records.
+Each returns ``(outputs, timeline)``; a timeline is a list of :class:`Event` records. All three
+drive the one :class:`~mlsys_lab.engine.interpreter.Interpreter` (its input check, its
+``run_node``, its freeing after the last use and its error naming the node).
 """
 
 import concurrent.futures as cf
@@ -15,11 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ArgumentError, DTypeError, GraphError, MLSysError
-from .graph import check_input
+from ..errors import ArgumentError, GraphError
+from .interpreter import Interpreter, as_input  # noqa: F401 - as_input: public here
 from .pytree import flatten
-from .registry import get
-from .tensor import run_kernel
 
 
 @dataclass(frozen=True)
@@ -59,50 +60,32 @@ class Timeline(list):
         return True
 
 
-def as_input(a, dtype, where="input"):
-    """An argument as an array: arrays keep their dtype (checked later); Python numbers and
-    lists take the input's dtype, as scalars do next to tensors. ``where`` names the input in
-    errors.
+class TimedInterpreter(Interpreter):
+    """An :class:`~mlsys_lab.engine.interpreter.Interpreter` that records a :class:`Timeline`:
+    one Event per node, on ``device`` (a name, or None for each node's ``meta['device']``) and
+    ``worker``, in the ``order`` of :func:`topological_order`."""
 
-    Raises:
-        DTypeError: ``a`` is None, a string or anything else that is not numeric data (numpy
-            would turn None into NaN and ``"1.5"`` into 1.5 without a word).
-    """
-    if isinstance(a, np.ndarray) or hasattr(a, "__array__") and not isinstance(a, (list, tuple)):
-        arr = np.asarray(a)
-    elif a is None or isinstance(a, (str, bytes)):
-        arr = None
-    else:
-        try:
-            arr = np.asarray(a, dtype=dtype)
-        except (TypeError, ValueError, OverflowError):
-            arr = None
-    if arr is None or arr.dtype.kind not in "biuf":
-        raise DTypeError(f"{where}: expected numeric data for a {np.dtype(dtype).name} input, got "
-                         f"{type(a).__name__}" + (f" of dtype {arr.dtype}" if arr is not None
-                                                  else ""))
-    return arr
+    def __init__(self, graph, order="graph", device="cpu", worker="worker0", free=True):
+        super().__init__(graph, free)
+        self.order, self.device, self.worker = order, device, worker
+        self.timeline = Timeline()
+
+    def schedule(self):
+        return topological_order(self.graph, self.order)
+
+    def step(self, node):
+        t0 = time.perf_counter()
+        result = super().step(node)
+        device = self.device or node.meta.get("device", "cpu")
+        self.timeline.append(Event.of(node, device, self.worker, t0, time.perf_counter()))
+        return result
 
 
-def _bind(graph, args):
-    flat, _ = flatten(args)
-    if len(flat) != len(graph.inputs):
-        raise GraphError(f"{graph.name}: expects {len(graph.inputs)} inputs, got {len(flat)}")
-    env = {}
-    for v, a in zip(graph.inputs, flat):
-        a = as_input(a, v.dtype, f"{graph.name}: input {v.name}")
-        check_input(graph.name, v, a.shape, a.dtype)
-        env[id(v)] = a
-    env.update({id(v): a for v, a in graph.consts.items()})
-    return env
-
-
-def _run_node(n, env):
-    try:
-        return run_kernel(get(n.op), [env[id(v)] for v in n.inputs], n.attrs)
-    except MLSysError as e:
-        raise type(e)(f"{e}\n  while running node #{n.id} {n.op}"
-                      f"{chr(10) + '  at ' + n.source if n.source else ''}") from None
+def _start(graph, args):
+    """A numpy Interpreter for ``graph``, bound to ``args`` (checked)."""
+    interp = Interpreter(graph)
+    interp.bind(flatten(args)[0])
+    return interp
 
 
 def topological_order(graph, strategy="graph"):
@@ -124,48 +107,49 @@ def topological_order(graph, strategy="graph"):
                     ready.append(u)
         return order
     if strategy == "dfs":
-        order, seen = [], set()
-
-        def visit(n):
-            if n.id in seen:
-                return
-            seen.add(n.id)
-            for v in n.inputs:
-                if v.producer is not None:
-                    visit(v.producer)
-            order.append(n)
-
-        for v in graph.outputs:
-            if v.producer is not None:
-                visit(v.producer)
-        for n in graph.nodes:  # nodes no output needs still run
-            visit(n)
-        return order
+        return _depth_first(graph)
     raise ArgumentError(f"topological_order: unknown order strategy {strategy!r}; known: "
                         f"graph, bfs, dfs")
 
 
-def _outputs(graph, env):
-    outs = [env[id(v)] for v in graph.outputs]
+def _depth_first(graph):
+    """Post-order of a depth-first walk from each output's producer, then from every node in
+    graph order; an explicit stack, so a chain of any length is fine."""
+    order, seen = [], set()
+    for root in [v.producer for v in graph.outputs if v.producer is not None] + graph.nodes:
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        path, inputs = [root], [iter(root.inputs)]
+        while inputs:
+            for v in inputs[-1]:
+                p = v.producer
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    path.append(p)
+                    inputs.append(iter(p.inputs))
+                    break
+            else:
+                inputs.pop()
+                order.append(path.pop())
+    return order
+
+
+def _outputs(outs):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def run_serial(graph, *args, order="graph", device="cpu"):
     """Run ``graph`` on one worker in a topological order; returns (outputs, Timeline)."""
-    env = _bind(graph, args)
-    tl = Timeline()
-    for n in topological_order(graph, order):
-        t0 = time.perf_counter()
-        env[id(n.outputs[0])] = _run_node(n, env)
-        tl.append(Event.of(n, device, "worker0", t0, time.perf_counter()))
-    return _outputs(graph, env), tl
+    interp = TimedInterpreter(graph, order, device)
+    return _outputs(interp.run(*args)), interp.timeline
 
 
 def run_parallel(graph, *args, workers=2, device="cpu"):
     """Run ``graph`` on a thread pool, launching each node when all its inputs are ready."""
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise ArgumentError(f"run_parallel: workers must be a positive integer, got {workers!r}")
-    env = _bind(graph, args)
+    interp = _start(graph, args)
     deps = {n.id: {v.producer.id for v in n.inputs if v.producer is not None}
             for n in graph.nodes}
     users = {n.id: set() for n in graph.nodes}
@@ -178,10 +162,10 @@ def run_parallel(graph, *args, workers=2, device="cpu"):
 
     def task(n):
         t0 = time.perf_counter()
-        out = _run_node(n, env)
+        out = interp.call(n, interp.fetch(n))  # inputs stay until this node's store
         t1 = time.perf_counter()
         with lock:
-            env[id(n.outputs[0])] = out
+            interp.store(n, out)
             name = threading.current_thread().name
             w = names.setdefault(name, f"worker{len(names)}")
             tl.append(Event.of(n, device, w, t0, t1))
@@ -198,7 +182,7 @@ def run_parallel(graph, *args, workers=2, device="cpu"):
                     if remaining[u] == 0:
                         running.add(pool.submit(task, graph.nodes[u]))
     tl.sort(key=lambda e: e.start)
-    return _outputs(graph, env), tl
+    return _outputs(interp.outputs()), tl
 
 
 # --- heterogeneous execution ------------------------------------------------------------------
@@ -248,7 +232,7 @@ def run_heterogeneous(graph, *args, mode="split"):
     if mode not in ("split", "merged", "sunk"):
         raise ArgumentError(f"run_heterogeneous: mode must be split, merged or sunk, got "
                             f"{mode!r}")
-    env = _bind(graph, args)
+    interp = _start(graph, args)
     tl = Timeline()
     host = 0.0
     free = {}  # device -> time its stream becomes free
@@ -256,7 +240,7 @@ def run_heterogeneous(graph, *args, mode="split"):
 
     def run(n, start):
         t0 = time.perf_counter()
-        env[id(n.outputs[0])] = _run_node(n, env)
+        interp.step(n)
         end[n.id] = start + time.perf_counter() - t0
         tl.append(Event.of(n, n.meta.get("device", "cpu"), "stream", start, end[n.id]))
         return end[n.id]
@@ -284,4 +268,4 @@ def run_heterogeneous(graph, *args, mode="split"):
             ready = launch(dev, n.op)
             deps = [end[v.producer.id] for v in n.inputs if v.producer is not None]
             free[dev] = run(n, max([ready, free.get(dev, 0.0)] + deps))
-    return _outputs(graph, env), tl
+    return _outputs(interp.outputs()), tl

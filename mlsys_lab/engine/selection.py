@@ -1,105 +1,112 @@
-"""Operator selection (book ch. 7): pick a kernel for every node from per-device operator-info
-tables, falling back to another device (with inserted copies) or a lower precision.
+"""Operator selection (book ch. 7): the one place a kernel is chosen for every node, falling back
+to another device (with inserted copies) or a lower precision.
 
-A device's table maps an op name to :class:`KernelInfo` — the dtypes and layouts the kernel
-accepts and its limits. ``cpu`` is the numpy reference and has every op. ``cpu-numba`` and
-``cuda`` hold the kernels that ``mlsys_lab.kernels`` registers. ``npu`` is a simulated
-accelerator for teaching: float16-only matmul/conv kernels and a concat limited to 63 inputs.
+A device's operator-information table (算子信息库) is the set of kernels its ops registered for
+it: ``Op.impls[device]``, a list of :class:`~.registry.Kernel` (name, ``out_fn(out, *arrays,
+**attrs)``, ``accepts(avals, out, attrs)``), most preferred first. ``cpu`` holds the compiled
+CPU backend's kernels (:mod:`.cpu_kernels`, the generated fused loops) and, after them, every
+op's numpy reference, so it runs every op; a view op (reshape, transpose, ...) runs on ``cpu`` as
+its numpy view, with no buffer and no copy. ``cpu-numba`` and ``cuda`` hold the kernels that
+``mlsys_lab.kernels`` registers. ``npu`` is a simulated accelerator for teaching: float16-only
+matmul/conv/add/relu/mul kernels and a concat limited to 63 inputs.
+
+:func:`select` writes the chosen :class:`~.registry.Kernel` into ``node.meta['kernel']`` (and
+its name, device and the reason into ``meta['kernel_name']``, ``['device']``, ``['choice']``).
+``ml.compile`` runs exactly that kernel for the node, so ``explain()`` is true by construction.
 """
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import GraphError, UnknownNameError
-from . import dtypes
+from ..errors import GraphError, MLSysError, UnknownNameError
+from . import cpu_kernels, dtypes
+from .dispatch import apply
 from .graph import Graph, Node, Value
-from .registry import REGISTRY, AVal, Op, get, register
+from .registry import REGISTRY, AVal, Kernel, defop, get, register_impl
 
 F16, F32, F64 = dtypes.float16, dtypes.float32, dtypes.float64
-
-#: Ops that exist to be compiled: on ``cpu`` they run their generated Numba kernel (the numpy
-#: reference stays available as ``Op.compute`` and on other devices).
-GENERATED_ON_CPU = {"fused_elementwise"}
-
-
-@dataclass(frozen=True)
-class KernelInfo:
-    """What one kernel accepts. ``kernel(*arrays, **attrs) -> array``."""
-
-    op: str
-    device: str
-    kernel: Callable
-    dtypes: tuple = ()  # empty: any dtype
-    layouts: tuple = ("any",)
-    max_inputs: int | None = None
-    max_ndim: int | None = None
-    name: str = ""
-
-    def accepts(self, avals):
-        if self.dtypes and any(a.dtype not in self.dtypes for a in avals
-                               if dtypes.is_float(a.dtype)):
-            return "dtype " + "/".join(sorted({a.dtype.name for a in avals}))
-        if self.max_inputs is not None and len(avals) > self.max_inputs:
-            return f"{len(avals)} inputs > limit {self.max_inputs}"
-        if self.max_ndim is not None and any(len(a.shape) > self.max_ndim for a in avals):
-            return f"rank > {self.max_ndim}"
-        return None
 
 
 @dataclass
 class Device:
-    """A device: its name, its operator-info table and its per-launch cost (for simulation)."""
+    """A device: its name, its per-launch cost (for simulation) and its memory space.
+
+    Its kernels are those its ops registered for it (:meth:`kernels`)."""
 
     name: str
-    table: dict = field(default_factory=dict)
     launch_overhead_s: float = 0.0
     memory: str = "host"  # devices sharing a memory space need no copies between them
 
-    def lookup(self, op_name):
-        if self.name == "cpu" and op_name in REGISTRY:
-            op = REGISTRY[op_name]
-            if op_name in GENERATED_ON_CPU and "cpu-numba" in op.impls:
-                impl = op.impls["cpu-numba"]
-                return KernelInfo(op_name, "cpu", impl["kernel"],
-                                  tuple(np.dtype(d) for d in impl.get("dtypes", ())),
-                                  name=f"numba.{op_name}")
-            return KernelInfo(op_name, "cpu", op.compute, name=f"numpy.{op_name}")
-        info = self.table.get(op_name)
-        if info is None:
-            impl = REGISTRY[op_name].impls.get(self.name) if op_name in REGISTRY else None
-            if impl:
-                info = KernelInfo(op_name, self.name, impl["kernel"],
-                                  tuple(np.dtype(d) for d in impl.get("dtypes", ())),
-                                  tuple(impl.get("layouts", ("any",))), impl.get("max_inputs"),
-                                  impl.get("max_ndim"), impl.get("name", f"{self.name}.{op_name}"))
-        return info
+    def kernels(self, op):
+        """The kernels of ``op`` on this device, most preferred first (empty: none)."""
+        if self.name != "cpu":
+            return list(op.impls.get(self.name, ()))
+        if op.view is not None:
+            return [view_kernel(op)]
+        return [*op.impls.get("cpu", ()), reference_kernel(op)]
+
+    def choose(self, op, avals, out, attrs):
+        """``(kernel, None)``: the first of :meth:`kernels` that accepts inputs of types
+        ``avals``, output type ``out`` and ``attrs``; else ``(None, why)``, why being None when
+        the device has no kernel for ``op`` at all."""
+        rejected = []
+        for k in self.kernels(op):
+            why = k.accepts(avals, out, attrs)
+            if why is None:
+                return k, None
+            rejected.append(f"{k.name} rejects: {why}")
+        return None, "; ".join(rejected) or None
+
+    def choose_for(self, node):
+        """:meth:`choose` for ``node``."""
+        return self.choose(get(node.op), [v.aval for v in node.inputs], node.outputs[0].aval,
+                           node.attrs)
 
 
-def _npu_kernel(op_name):
-    op = get(op_name)
+def reference_kernel(op):
+    """The ``cpu`` kernel every op has: its numpy reference ``compute``, copied into ``out``."""
+    def run(out, *arrays, **attrs):
+        np.copyto(out, op.compute(*arrays, **attrs), casting="unsafe")
+    run.__wrapped__ = op.compute
+    return Kernel(f"numpy.{op.name}", run)
 
-    def kernel(*arrays, **attrs):
-        return op.compute(*arrays, **attrs)
-    kernel.__name__ = f"npu_{op_name}_fp16"
-    return kernel
+
+def view_kernel(op):
+    """The kernel of a view op: ``out_fn(*arrays, **attrs)`` returns the numpy view (its
+    ``Op.view``); it has no ``out`` and no buffer of its own."""
+    return Kernel(f"view.{op.name}", op.view)
 
 
-def _npu_table():
-    table = {name: KernelInfo(name, "npu", _npu_kernel(name), (F16,), name=f"npu.{name}_fp16")
-             for name in ("matmul", "conv2d", "add", "relu", "mul")}
-    table["concatenate"] = KernelInfo("concatenate", "npu", _npu_kernel("concatenate"),
-                                      (F16, F32), max_inputs=63, name="npu.concat63")
-    table["cast"] = KernelInfo("cast", "npu", _npu_kernel("cast"), (F16, F32), name="npu.cast")
-    return table
+def makes_view(node):
+    """Whether the kernel selected for ``node`` is a view (it returns its result, aliasing its
+    input, instead of writing a planned buffer)."""
+    kernel = node.meta.get("kernel")
+    return kernel is not None and kernel.out_fn is get(node.op).view
+
+
+def kernel_for(node, device_name="cpu"):
+    """The kernel :func:`select` gives ``node`` on ``device_name`` when it does not fall back:
+    the device's most preferred kernel that accepts the node, or None."""
+    return device(device_name).choose_for(node)[0]
+
+
+def call_kernel(kernel, node, arrays):
+    """Run ``kernel`` for ``node`` on ``arrays``: a new array of the node's output type (or the
+    view, for a view kernel)."""
+    if kernel.out_fn is get(node.op).view:
+        return kernel.out_fn(*arrays, **node.attrs)
+    out = node.outputs[0]
+    result = np.empty(out.shape, out.dtype)
+    kernel.out_fn(result, *arrays, **node.attrs)
+    return result
 
 
 DEVICES = {
     "cpu": Device("cpu"),
     "cpu-numba": Device("cpu-numba"),
     "cuda": Device("cuda", launch_overhead_s=5e-6, memory="cuda"),
-    "npu": Device("npu", _npu_table(), launch_overhead_s=2e-4, memory="npu"),
+    "npu": Device("npu", launch_overhead_s=2e-4, memory="npu"),
 }
 
 
@@ -129,20 +136,44 @@ def _load_kernel_registrations():
 
 
 # --- the copy op --------------------------------------------------------------------------------
+def _copy_np(x, src, dst):
+    return np.array(x, copy=True)
+
+
 def _copy_infer(x, src, dst):
     return AVal(tuple(x.shape), x.dtype)
 
 
-COPY = REGISTRY.get("copy") or register(Op(
-    "copy", lambda x, src, dst: np.array(x, copy=True), _copy_infer,
-    lambda g, xs, y, n, src, dst: (_copy(g, dst, src),),
-    lambda ts, xs, y, src, dst: None if ts[0] is None else _copy(ts[0], src, dst)))
+def _copy_vjp(g, xs, y, needs, src, dst):
+    return (apply(COPY, g, src=dst, dst=src),)
 
 
-def _copy(x, src, dst):
-    from .tensor import apply
+def _copy_jvp(ts, xs, y, src, dst):
+    return None if ts[0] is None else apply(COPY, ts[0], src=src, dst=dst)
 
-    return apply(COPY, x, src=src, dst=dst)
+
+COPY = REGISTRY.get("copy") or defop("copy", compute=_copy_np, infer=_copy_infer, vjp=_copy_vjp,
+                                      jvp=_copy_jvp)
+register_impl("copy", "cpu", cpu_kernels.copyto_out, name="numpy.copyto")
+
+
+# --- the simulated npu's kernels ----------------------------------------------------------------
+def _npu_kernel(op_name):
+    op = get(op_name)
+
+    def kernel(*arrays, **attrs):
+        return op.compute(*arrays, **attrs)
+    kernel.__name__ = f"npu_{op_name}_fp16"
+    return kernel
+
+
+for _name in ("matmul", "conv2d", "add", "relu", "mul"):
+    register_impl(_name, "npu", _npu_kernel(_name), name=f"npu.{_name}_fp16", returns=True,
+                  dtypes=(F16,))
+register_impl("concatenate", "npu", _npu_kernel("concatenate"), name="npu.concat63",
+              returns=True, dtypes=(F16, F32), max_inputs=63)
+register_impl("cast", "npu", _npu_kernel("cast"), name="npu.cast", returns=True,
+              dtypes=(F16, F32))
 
 
 # --- selection ----------------------------------------------------------------------------------
@@ -162,13 +193,17 @@ def _new_value(graph_values, shape, dtype, base):
 
 
 def select(graph, device_name="cpu", fallback=("cpu",)):
-    """Annotate every node with a kernel (``node.meta['device']``, ``['kernel']``,
-    ``['choice']``) for ``device_name``; returns a new Graph.
+    """Choose a kernel for every node on ``device_name``; returns a new, annotated Graph.
 
-    For each node: use the device's kernel if it accepts the inputs; else, if it only lacks
-    precision (it has a float16 kernel), insert casts to float16 and back; else fall back to the
-    first device in ``fallback`` that has a kernel. Values that cross devices get ``copy`` nodes.
-    The reason for every decision is recorded in ``meta['choice']``.
+    For each node: use the device's first kernel that accepts it; else, if one of its kernels
+    accepts the node in float16 (and the device can cast there and back), insert casts to
+    float16 and back; else fall back to the first device in ``fallback`` with a kernel that
+    accepts it. Values that cross memories get ``copy`` nodes. Every node's ``meta`` gets the
+    chosen ``kernel`` (a :class:`~.registry.Kernel`), its ``kernel_name``, the ``device`` and
+    the ``choice`` (device, kernel name and the reason for the decision).
+
+    Raises:
+        GraphError: no device offers a kernel that accepts some node.
     """
     dev = device(device_name)
     fallback = (fallback,) if isinstance(fallback, str) else tuple(fallback)
@@ -189,61 +224,110 @@ def select(graph, device_name="cpu", fallback=("cpu",)):
         key = (id(v), where)
         if key not in copies:
             out = _new_value(made, v.shape, v.dtype, f"{v.name}@{where}")
-            nodes.append(_annotated(Node("copy", [v], dict(src=src, dst=where), [out]),
-                                    where, "copy", f"move {v.name} to {where}"))
+            copy = Node("copy", [v], dict(src=src, dst=where), [out])
+            kernel, _ = DEVICES["cpu"].choose_for(copy)  # the host drives every transfer
+            nodes.append(_annotated(copy, where, kernel, f"move {v.name} to {where}"))
             home[id(out)] = where
             copies[key] = out
         return copies[key]
 
+    def emit(n, ins, where, kernel, reason):
+        nodes.append(_annotated(Node(n.op, ins, n.attrs, n.outputs, n.source), where, kernel,
+                                reason))
+        for o in n.outputs:
+            home[id(o)] = where
+
     for n in graph.nodes:
-        avals = [v.aval for v in n.inputs]
-        info = dev.lookup(n.op)
-        why = None if info is None else info.accepts(avals)
-        if info is not None and why is None:
-            _emit(nodes, n, [on(v, dev.name) for v in n.inputs], dev.name, info,
-                  f"{dev.name} has {info.name}", home)
+        kernel, why = dev.choose_for(n)
+        if kernel is not None:
+            reason = (f"a view of {n.inputs[0].name}: no kernel, no copy"
+                      if kernel.out_fn is get(n.op).view else
+                      f"{dev.name} has {kernel.name}" + _passed_over(dev, n, kernel))
+            emit(n, [on(v, dev.name) for v in n.inputs], dev.name, kernel, reason)
             continue
-        low_avals = [AVal(a.shape, F16) if dtypes.is_float(a.dtype) else a for a in avals]
-        if info is not None and F16 in info.dtypes and info.accepts(low_avals) is None:
-            ins = []
-            for v in n.inputs:
-                if id(v) in low_of:  # the value was just cast up from float16: reuse that
-                    ins.append(low_of[id(v)])
-                    continue
-                v = on(v, dev.name)
-                if dtypes.is_float(v.dtype) and v.dtype != F16:
-                    c = _new_value(made, v.shape, F16, f"{v.name}_f16")
-                    nodes.append(_annotated(Node("cast", [v], {"dtype": F16}, [c]), dev.name,
-                                            "cast", "lower precision to float16"))
-                    home[id(c)] = dev.name
-                    v = c
-                ins.append(v)
-            out = n.outputs[0]
-            low = _new_value(made, out.shape, F16, f"{out.name}_f16")
-            nodes.append(_annotated(Node(n.op, ins, n.attrs, [low], n.source), dev.name,
-                                    info.name, f"{dev.name} has only a float16 kernel "
-                                    f"({info.name}): lowered precision"))
-            home[id(low)] = dev.name
-            nodes.append(_annotated(Node("cast", [low], {"dtype": out.dtype}, [out]), dev.name,
-                                    "cast", f"back to {out.dtype.name}"))
-            home[id(out)] = dev.name
-            low_of[id(out)] = low
+        lowered = why is not None and _lower_precision(n, dev, nodes, made, home, low_of, on)
+        if lowered is True:
             continue
         for fb in fallbacks:
-            finfo = fb.lookup(n.op)
-            if finfo is not None and finfo.accepts(avals) is None:
-                reason = (f"{dev.name} has no kernel for {n.op}" if info is None else
-                          f"{dev.name}'s {info.name} rejects: {why}") + f"; fell back to {fb.name}"
-                _emit(nodes, n, [on(v, fb.name) for v in n.inputs], fb.name, finfo, reason,
-                      home)
+            fkernel, _ = fb.choose_for(n)
+            if fkernel is not None:
+                reason = (f"{dev.name} has no kernel for {n.op}" if why is None else
+                          f"{dev.name}'s {why}") + (f"; {lowered}" if lowered else "") + \
+                    f"; fell back to {fb.name}"
+                emit(n, [on(v, fb.name) for v in n.inputs], fb.name, fkernel, reason)
                 break
         else:
+            avals = [f"{v.dtype}{list(v.shape)}" for v in n.inputs]
             raise GraphError(f"select: no device among {[dev.name, *fallback]} has a kernel for "
-                             f"node #{n.id} {n.op} with inputs "
-                             f"{[f'{a.dtype}{list(a.shape)}' for a in avals]}")
+                             f"node #{n.id} {n.op} with inputs {avals}"
+                             + (f" ({dev.name}'s {why})" if why else "")
+                             + (f"\n  at {n.source}" if n.source else ""))
     outs = [on(v, "cpu") for v in graph.outputs]
     return Graph(graph.inputs, _drop_unused(nodes, outs), outs, graph.consts, graph.out_tree,
                  graph.in_tree, f"{graph.name}@{device_name}")
+
+
+def _passed_over(dev, node, chosen):
+    """Why the device's more preferred kernels were not taken, when its numpy reference was
+    (``""`` otherwise)."""
+    if chosen.name != f"numpy.{node.op}" or chosen.out_fn is get(node.op).view:
+        return ""
+    avals, out = [v.aval for v in node.inputs], node.outputs[0].aval
+    skipped = [f"{k.name} rejects: {k.accepts(avals, out, node.attrs)}"
+               for k in dev.kernels(get(node.op)) if k.name != chosen.name]
+    return f" ({'; '.join(skipped)})" if skipped else ""
+
+
+def _lower_precision(n, dev, nodes, made, home, low_of, on):
+    """Run ``n`` on ``dev`` in float16 when one of its kernels accepts it so, casting the
+    inputs down and the result back on ``dev``: True. Otherwise nothing is emitted and the
+    result is None (no kernel takes the node in float16 either) or why the float16 route is
+    closed (``dev`` cannot run one of the casts)."""
+    op, out = get(n.op), n.outputs[0]
+    avals = [v.aval for v in n.inputs]
+    low_avals = [AVal(a.shape, F16) if dtypes.is_float(a.dtype) else a for a in avals]
+    if low_avals == avals or len(n.outputs) != 1:
+        return None
+    try:
+        low_out = op.infer(*low_avals, **n.attrs)
+    except MLSysError:
+        return None
+    lowered, _ = dev.choose(op, low_avals, low_out, n.attrs)
+    if lowered is None:
+        return None
+    casts = {}  # (from dtype, to dtype) -> the device's cast kernel
+    for src, dst in [(a.dtype, F16) for a in avals] + [(low_out.dtype, out.dtype)]:
+        if src != dst and dtypes.is_float(src) and (src, dst) not in casts:
+            casts[src, dst], _ = dev.choose(get("cast"), [AVal((), src)], AVal((), dst),
+                                            {"dtype": dst})
+            if casts[src, dst] is None:
+                return (f"{lowered.name} takes float16, but {dev.name} cannot cast "
+                        f"{np.dtype(src).name} to {np.dtype(dst).name}")
+    ins = []
+    for v in n.inputs:
+        if id(v) in low_of:  # the value was just cast up from float16: reuse that
+            ins.append(low_of[id(v)])
+            continue
+        v = on(v, dev.name)
+        if dtypes.is_float(v.dtype) and v.dtype != F16:
+            c = _new_value(made, v.shape, F16, f"{v.name}_f16")
+            nodes.append(_annotated(Node("cast", [v], {"dtype": F16}, [c]), dev.name,
+                                    casts[v.dtype, F16], "lower precision to float16"))
+            home[id(c)] = dev.name
+            v = c
+        ins.append(v)
+    low = out if low_out.dtype == out.dtype else _new_value(made, out.shape, low_out.dtype,
+                                                            f"{out.name}_f16")
+    nodes.append(_annotated(Node(n.op, ins, n.attrs, [low], n.source), dev.name, lowered,
+                            f"{dev.name} has only a float16 kernel ({lowered.name}): "
+                            f"lowered precision"))
+    home[id(low)] = dev.name
+    if low is not out:
+        nodes.append(_annotated(Node("cast", [low], {"dtype": out.dtype}, [out]), dev.name,
+                                casts[low.dtype, out.dtype], f"back to {out.dtype.name}"))
+        home[id(out)] = dev.name
+        low_of[id(out)] = low
+    return True
 
 
 def _drop_unused(nodes, outputs):
@@ -258,24 +342,19 @@ def _drop_unused(nodes, outputs):
     return kept[::-1]
 
 
-def _annotated(node, device_name, kernel_name, reason, kernel=None):
-    node.meta.update(device=device_name, kernel_name=kernel_name, kernel=kernel,
-                     choice=Choice(device_name, kernel_name, reason))
+def _annotated(node, device_name, kernel, reason):
+    node.meta.update(device=device_name, kernel=kernel, kernel_name=kernel.name,
+                     choice=Choice(device_name, kernel.name, reason))
     return node
 
 
-def _emit(nodes, n, ins, device_name, info, reason, home):
-    node = Node(n.op, ins, n.attrs, n.outputs, n.source)
-    nodes.append(_annotated(node, device_name, info.name, reason, info.kernel))
-    for o in n.outputs:
-        home[id(o)] = device_name
-
-
 def explain_selection(graph):
-    """Text table: node, op, device, kernel, reason."""
-    rows = [f"{'node':<6}{'op':<22}{'device':<11}{'kernel':<26}reason"]
-    for n in graph.nodes:
-        c = n.meta.get("choice")
-        if c is not None:
-            rows.append(f"#{n.id:<5}{n.op:<22}{c.device:<11}{c.kernel:<26}{c.reason}")
+    """Text table: node, op, device, the selected kernel's name and the reason."""
+    chosen = [n for n in graph.nodes if n.meta.get("choice") is not None]
+    width = max([26] + [len(n.meta["kernel"].name) + 1 for n in chosen])
+    rows = [f"{'node':<6}{'op':<22}{'device':<11}{'kernel':<{width}}reason"]
+    for n in chosen:
+        c = n.meta["choice"]
+        rows.append(f"#{n.id:<5}{n.op:<22}{c.device:<11}{n.meta['kernel'].name:<{width}}"
+                    f"{c.reason}")
     return "\n".join(rows)

@@ -1,15 +1,11 @@
-"""Tensor, the eager tape, grad mode, and ``apply`` — the single entry point of every op.
+"""Tensor: an n-dimensional array that can record how it was computed, and how Python values
+become one (``tensor``, ``as_tensor``, ``lift``).
 
-``apply(op, *args, **attrs)`` is where the three ways of running an op meet:
-
-* eager: run the numpy kernel now;
-* tracing: if an input is a tracer, emit a node into the graph being built instead;
-* autodiff: if an input requires grad, remember ``(op, inputs, attrs)`` on the output (the tape),
-  and if an input carries a tangent (forward mode), push the tangent through the op's JVP rule.
+Ops run through :func:`~mlsys_lab.engine.dispatch.apply` (eager, tracing, tape, tangents), which
+lives in :mod:`.dispatch` with the grad modes; they are re-exported here, so
+``from mlsys_lab.engine.tensor import apply, no_grad`` keeps working. Operators and methods
+(``+``, ``@``, ``.sum()``, ``.backward()``) are installed by :mod:`.tensor_methods`.
 """
-
-import contextlib
-import weakref
 
 import numpy as np
 
@@ -17,49 +13,22 @@ from ..errors import (
     DTypeError,
     DTypeOverflowError,
     MLSysError,
-    OpError,
     RankError,
     ShapeError,
     TraceError,
 )
-from . import dtypes
+from . import dispatch, dtypes
+from .dispatch import (  # noqa: F401 - re-exported: the engine's and notebooks' import path
+    MODE,
+    apply,
+    conform_tangent,
+    enable_grad,
+    is_grad_enabled,
+    no_grad,
+    run_kernel,
+    track_memory,
+)
 from .registry import AVal
-
-
-class _Mode:
-    allocator = None  # a CachingAllocator that accounts eager outputs (see track_memory)
-    grad_enabled = True
-    forward_depth = 0  # >0 while ml.jvp is running
-    forward_suspended = 0  # >0 while a JVP rule itself runs
-    builders: list = []  # stack of active GraphBuilders (tracing)
-
-
-MODE = _Mode()
-
-
-@contextlib.contextmanager
-def no_grad():
-    """Context manager: ops inside record nothing on the tape (like ``torch.no_grad``)."""
-    prev, MODE.grad_enabled = MODE.grad_enabled, False
-    try:
-        yield
-    finally:
-        MODE.grad_enabled = prev
-
-
-@contextlib.contextmanager
-def enable_grad():
-    """Context manager: record on the tape even inside ``no_grad``."""
-    prev, MODE.grad_enabled = MODE.grad_enabled, True
-    try:
-        yield
-    finally:
-        MODE.grad_enabled = prev
-
-
-def is_grad_enabled():
-    """Whether ops record on the tape now (False inside ``no_grad``)."""
-    return MODE.grad_enabled
 
 
 class Tensor:
@@ -187,12 +156,6 @@ class Tensor:
                                    f"got {self.dtype}")
         self.requires_grad = bool(flag)
         return self
-
-    def backward(self, grad=None, retain_graph=False, create_graph=False):
-        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (reverse mode over the tape)."""
-        from .autodiff import backward
-
-        backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
 
     def __len__(self):
         if not self.shape:
@@ -356,101 +319,9 @@ def lift(args, op="tensor"):
                  for a in args)
 
 
-def apply(op, *args, **attrs):
-    """Run ``op`` on ``args`` eagerly, or emit it into the active trace; tape and JVP as needed."""
-    ts = lift(args, op.name)
-    builder = None
-    for t in ts:
-        if t.data is None:
-            builder = t._builder
-            break
-    if builder is None and op.impure and MODE.builders:  # fresh randomness: record, don't run
-        builder = MODE.builders[-1]
-    if builder is None:
-        out = Tensor._wrap(run_kernel(op, [t.data for t in ts], attrs))
-        if MODE.allocator is not None:
-            _account(out)
-    else:
-        out = builder.emit(op, ts, attrs)
-    if MODE.grad_enabled and op.vjp is not None:
-        for t in ts:
-            if t.requires_grad:
-                out.requires_grad = True
-                out._ctx = (op, ts, attrs)
-                break
-    if MODE.forward_depth and not MODE.forward_suspended:
-        _push_tangent(op, ts, out, attrs)
-    return out
-
-
-def _account(t):
-    """Book the tensor's bytes in the tracking allocator; free them when it is collected."""
-    alloc = MODE.allocator
-    block = alloc.malloc(t.data.nbytes)
-    weakref.finalize(t, _free_quietly, alloc, block)
-
-
-def _free_quietly(alloc, block):
-    try:
-        alloc.free(block)
-    except ValueError:  # the allocator was emptied or replaced meanwhile
-        pass
-
-
-@contextlib.contextmanager
-def track_memory(allocator=None):
-    """Account every eager op output in a caching allocator (like PyTorch's CUDA caching
-    allocator): a block is taken when the output is made and returned to the cache when the
-    tensor is garbage-collected. Yields the allocator; read ``allocator.stats()``."""
-    from .memory import CachingAllocator
-
-    alloc = allocator or CachingAllocator()
-    prev, MODE.allocator = MODE.allocator, alloc
-    try:
-        yield alloc
-    finally:
-        MODE.allocator = prev
-
-
-def run_kernel(op, arrays, attrs):
-    """Check shapes/dtypes with ``op.infer``, run ``op.compute``, return an array of that type."""
-    aval = op.infer(*arrays, **attrs)  # rules read only .shape and .dtype, which arrays have
-    try:
-        res = op.compute(*arrays, **attrs)
-    except MLSysError:
-        raise
-    except Exception as e:
-        shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
-        raise OpError(f"{op.name}: kernel failed on inputs ({shapes}): {e}") from e
-    if not isinstance(res, np.ndarray) or res.dtype != aval.dtype:
-        res = np.asarray(res, dtype=aval.dtype)
-    return res
-
-
 def zeros_like(x):
     """A zero Tensor with the shape and dtype of ``x`` (a Tensor, Value or array)."""
     return Tensor._wrap(np.zeros(x.shape, x.dtype))
 
 
-def _push_tangent(op, ts, out, attrs):
-    if op.jvp is None or all(t._tangent is None for t in ts):
-        return
-    tangents = tuple(t._tangent for t in ts)
-    MODE.forward_suspended += 1
-    try:
-        tan = op.jvp(tangents, ts, out, **attrs)
-    finally:
-        MODE.forward_suspended -= 1
-    out._tangent = conform_tangent(tan, out)
-
-
-def conform_tangent(tan, out):
-    """Broadcast/cast a JVP rule's result to the output's type (None stays None = zero)."""
-    if tan is None:
-        return None
-    from .ops_math import cast
-    from .ops_shape import broadcast_to
-
-    if tuple(tan.shape) != tuple(out.shape):
-        tan = broadcast_to(tan, out.shape)
-    return tan if tan.dtype == out.dtype else cast(tan, out.dtype)
+dispatch.use_tensor_type(lift, Tensor._wrap)

@@ -1,5 +1,5 @@
-"""Operator overloading: ``+ - * / ** @``, comparisons, indexing and methods on Tensor, and
-how numpy's functions treat a Tensor.
+"""Operator overloading: ``+ - * / ** @``, comparisons, indexing and methods on Tensor
+(``.sum()``, ``.backward()``, ...), and how numpy's functions treat a Tensor.
 
 numpy functions on Tensors (``__array_ufunc__`` / ``__array_function__``):
 
@@ -24,8 +24,9 @@ import numpy as np
 
 from .. import ops
 from ..errors import DTypeError, TapeError, TraceError
-from . import dtypes
-from .tensor import MODE, Tensor
+from . import autodiff, dtypes
+from .dispatch import MODE
+from .tensor import Tensor
 
 
 def _getitem(self, key):
@@ -270,8 +271,14 @@ def _all(a, axis=None, keepdims=False):
     return ops.eq(ops.sum(ops.cast(ops.eq(a, 0), "int64"), axis, keepdims), 0)
 
 
+def _backward(self, grad=None, retain_graph=False, create_graph=False):
+    """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (reverse mode over the tape)."""
+    autodiff.backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
+
+
 def _install():
     T = Tensor
+    T.backward = _backward
     # Forward operators and methods are the op functions themselves (no wrapper call).
     T.__add__, T.__sub__, T.__mul__, T.__truediv__ = ops.add, ops.sub, ops.mul, ops.div
     T.__pow__, T.__matmul__, T.__neg__, T.__abs__ = ops.pow, ops.matmul, ops.neg, ops.abs

@@ -22,9 +22,17 @@ def _cuda_matmul(a, b):
     return cuda.matmul(a, b, variant="double_buffer", config=config_)
 
 
-register_impl("matmul", "cpu-numba", _cpu_matmul, dtypes=("float32", "float64"), max_ndim=2,
-              name="numba.matmul_packed")
-register_impl("matmul", "cuda", _cuda_matmul, dtypes=("float32",), max_ndim=2,
-              name="cuda.matmul_double_buffer")
+def _two_matrices(avals, out, attrs):
+    """The ladders multiply two matrices of one floating dtype."""
+    a, b = avals
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        return f"rank {len(a.shape)} @ rank {len(b.shape)}, not two matrices"
+    if a.dtype != b.dtype or a.dtype.kind != "f":
+        return f"dtypes {a.dtype} and {b.dtype}, not one floating dtype"
+    return None
 
 
+register_impl("matmul", "cpu-numba", _cpu_matmul, name="numba.matmul_packed", returns=True,
+              dtypes=("float32", "float64"), max_ndim=2, accepts=_two_matrices)
+register_impl("matmul", "cuda", _cuda_matmul, name="cuda.matmul_double_buffer", returns=True,
+              dtypes=("float32",), max_ndim=2, accepts=_two_matrices)

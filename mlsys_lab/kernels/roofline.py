@@ -13,12 +13,12 @@ and of the book's m×n thread tile, and draws the roofline chart.
 
 from __future__ import annotations
 
-import math
-import time
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
+
+from .. import timing
 
 
 class DevicePeak(NamedTuple):
@@ -105,14 +105,8 @@ def measure_peak_flops(seconds=1.0, n=1024, dtype=np.float32):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(dtype)
     b = rng.standard_normal((n, n)).astype(dtype)
-    a @ b  # warm up: threads started, pages touched
-    best, deadline = math.inf, time.perf_counter() + seconds
-    while True:
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-        if time.perf_counter() >= deadline:
-            break
+    # One untimed warm-up (threads started, pages touched), then repeat for `seconds`.
+    best = timing.best_of(np.matmul, a, b, repeats=1, warmup=1, budget=seconds)
     return 2 * n**3 / max(best, 1e-9)
 
 
@@ -139,12 +133,8 @@ def measure_bandwidth(n_elements=1 << 24, repeats=5):
     a = np.zeros(n_elements)
     b = np.ones(n_elements)
     c = np.full(n_elements, 2.0)
-    _triad(a, b, c, 3.0)  # compile and touch every page
-    best = math.inf
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        _triad(a, b, c, 3.0)
-        best = min(best, time.perf_counter() - start)
+    # The untimed warm-up compiles the kernel and touches every page.
+    best = timing.best_of(_triad, a, b, c, 3.0, repeats=max(1, repeats), warmup=1)
     return 3 * a.itemsize * n_elements / max(best, 1e-9)
 
 

@@ -7,15 +7,19 @@ Elementwise fusion lives in :mod:`.fusion`.
 import numpy as np
 
 from .. import dtypes
-from ..registry import get
+from ..registry import REGISTRY, get
 from . import backend_ops  # noqa: F401  (registers the ops these passes emit)
 from .rewrite import Rewriter, clone, graph_pass, producer_of
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
 OIHW_TO_HWIO = (2, 3, 1, 0)
-LAYOUT_OPS = {"conv2d": "conv2d_nhwc", "max_pool2d": "max_pool2d_nhwc",
-              "avg_pool2d": "avg_pool2d_nhwc"}
+
+
+def nhwc_op(name):
+    """The channels-last op of ``name`` (``conv2d`` -> ``conv2d_nhwc``), None if it has none:
+    an op ``X`` runs in NHWC when an op ``X_nhwc`` is registered."""
+    return f"{name}_nhwc" if f"{name}_nhwc" in REGISTRY else None
 
 
 def _is_identity(perm):
@@ -103,11 +107,11 @@ def layout_transform(graph, to="NHWC", cancel=True):
     rw, region = Rewriter(graph), set()
     for n in graph.nodes:
         ins = [rw[v] for v in n.inputs]
-        if n.op in LAYOUT_OPS and len(ins[0].shape) == 4:
+        if nhwc_op(n.op) is not None and len(ins[0].shape) == 4:
             nhwc = [_transpose(rw, ins[0], TO_NHWC, n)]
             if n.op == "conv2d":
                 nhwc.append(_transpose(rw, ins[1], OIHW_TO_HWIO, n))
-            y = rw.emit(LAYOUT_OPS[n.op], nhwc, n.attrs, source=n.source)
+            y = rw.emit(nhwc_op(n.op), nhwc, n.attrs, source=n.source)
         elif _follows_layout(n, ins, region):
             y = rw.emit(n.op, [_transpose(rw, v, TO_NHWC, n) if len(v.shape) == 4 else v
                                for v in ins], n.attrs, source=n.source)

@@ -13,15 +13,15 @@ import numpy as np
 
 from ...errors import DTypeError, ShapeError
 from .. import dtypes
-from ..ops_math import broadcast_shapes
-from ..ops_nn import conv_out_size
-from ..registry import REGISTRY, AVal, Op, get, register
+from ..registry import REGISTRY, AVal, defop, get
+from ..shapes import broadcast_shapes, conv_out_size
 
 ACTIVATIONS = (None, "relu")
 
 
 def _register(name, compute, infer, **fields):
-    return REGISTRY.get(name) or register(Op(name, compute, infer, vjp=None, **fields))
+    """The op ``name`` (inference only: no VJP), defined once even if this module reloads."""
+    return REGISTRY.get(name) or defop(name, compute=compute, infer=infer, **fields)
 
 
 # --- channels-last convolution and pooling --------------------------------------------------

@@ -7,10 +7,11 @@ the output. ``relu(x * a + b)`` with inputs (x, a, b) is
 ``(('mul', (0, 1)), ('add', (3, 2)), ('relu', (4,)))``.
 
 The op has two kernels: the numpy reference ``compute`` (each step with the op's own kernel, so it
-matches the unfused graph bit for bit) for the ``cpu`` device, and the generated Numba kernel,
-registered as ``register_impl("fused_elementwise", "cpu-numba", ...)``. The Numba kernel reads
-each input element once, keeps the intermediates in registers and writes the output once, where
-the unfused graph makes one full pass over memory (and one temporary array) per op.
+matches the unfused graph bit for bit), and the generated Numba kernel
+(:func:`fused_elementwise_into`), registered as the ``numba.fused_elementwise`` kernel of the
+``cpu`` and ``cpu-numba`` devices for float32/float64 results. The Numba kernel reads each input
+element once, keeps the intermediates in registers and writes the output once, where the unfused
+graph makes one full pass over memory (and one temporary array) per op.
 """
 
 import math
@@ -18,20 +19,9 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ..registry import REGISTRY, AVal, Op, get, register, register_impl
+from ..registry import REGISTRY, AVal, defop, get, register_impl
 from ..tensor import run_kernel
 from .rewrite import Rewriter, graph_pass
-
-#: How each fusable op reads in the generated loop body ({0}, {1}, ... are its arguments).
-TEMPLATES = {
-    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}",
-    "pow": "{0} ** {1}", "maximum": "_maximum({0}, {1})", "minimum": "_minimum({0}, {1})",
-    "neg": "-{0}", "abs": "abs({0})", "exp": "math.exp({0})", "log": "math.log({0})",
-    "sqrt": "math.sqrt({0})", "sin": "math.sin({0})", "cos": "math.cos({0})",
-    "tanh": "_tanh({0})", "sigmoid": "_sigmoid({0})", "relu": "_relu({0})",
-    "sign": "_sign({0})", "where": "({1} if {0} else {2})",
-    "relu_grad": "({0} if {1} > ZERO else ZERO)",
-}
 
 #: Generated kernels by (program, input kinds, dtype): each is compiled once.
 KERNEL_CACHE = {}
@@ -70,8 +60,9 @@ def _fused_infer(*avals, program):
     return program_aval(avals, program)
 
 
-FUSED_ELEMENTWISE = REGISTRY.get("fused_elementwise") or register(
-    Op("fused_elementwise", run_program, _fused_infer, vjp=None, elementwise=True))
+FUSED_ELEMENTWISE = REGISTRY.get("fused_elementwise") or defop(
+    "fused_elementwise", compute=run_program, infer=_fused_infer, elementwise=True,
+    unfusable_reason="it is the fused loop itself (its program is an attribute)")
 
 
 # --- code generation --------------------------------------------------------------------------
@@ -85,7 +76,7 @@ def kernel_source(program, kinds):
     lines += [f"        x{i} = in{i}[i]" for i, k in enumerate(kinds) if k == "a"]
     names = [f"x{i}" for i in range(n)]
     for k, (op, args) in enumerate(program):
-        lines.append(f"        t{k} = " + TEMPLATES[op].format(*[names[a] for a in args]))
+        lines.append(f"        t{k} = " + get(op).fusion.format(*[names[a] for a in args]))
         names.append(f"t{k}")
     lines.append(f"        out[i] = {names[-1]}")
     return "\n".join(lines) + "\n"
@@ -94,7 +85,7 @@ def kernel_source(program, kinds):
 def compile_kernel(program, kinds, dtype):
     """The compiled Numba kernel for ``program`` (cached: compiled once per program, input kinds
     and dtype)."""
-    key = (program, tuple(kinds), np.dtype(dtype).str)
+    key = (program, tuple(kinds), dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
     kernel = KERNEL_CACHE.get(key)
     if kernel is None:
         import numba
@@ -355,12 +346,8 @@ def _sigmoid_f64():
 
 
 def fused_elementwise_numba(*arrays, program):
-    """The ``cpu-numba`` kernel of ``fused_elementwise``: one generated loop over the output.
-
-    Inputs of one element are passed as scalars; inputs of the output's shape as flat arrays;
-    any other broadcast input is materialised at the output's shape first (a copy). float16
-    and non-float programs fall back to the numpy reference.
-    """
+    """``program`` run by its generated loop (:func:`fused_elementwise_into`) into a new array;
+    a float16 or non-float result is computed by the numpy reference instead."""
     arrays = [np.asarray(a) for a in arrays]
     aval = program_aval([AVal(a.shape, a.dtype) for a in arrays], program)
     if aval.dtype not in (np.float32, np.float64):
@@ -371,30 +358,52 @@ def fused_elementwise_numba(*arrays, program):
 
 
 def fused_elementwise_into(out, *arrays, program):
-    """Run the generated kernel writing into ``out`` (a C-contiguous float32/float64 array of
-    the output's shape and dtype), e.g. a planned arena buffer."""
-    dt = out.dtype
-    args, kinds = [], []
+    """Run the generated kernel of ``program`` writing into ``out``, a float32/float64 array of
+    the output's shape and dtype (a planned arena buffer, say): the ``numba.fused_elementwise``
+    kernel that operator selection chooses on ``cpu`` and ``cpu-numba``.
+
+    ``arrays`` are numpy arrays. Inputs of one element are passed as scalars and inputs of the
+    output's size as flat arrays (copied only when not C-contiguous); an input that broadcasts
+    is materialised at the output's shape first, and a strided ``out`` is written through a
+    temporary. ``out`` may be one of the inputs (the loop reads element i of each input before
+    it writes element i).
+    """
+    dt, size = out.dtype, out.size
+    args, kinds = [], ""
     for a in arrays:
-        a = np.asarray(a)
-        if a.dtype != np.bool_:
-            a = a.astype(dt, copy=False)
+        if a.dtype != dt and a.dtype != np.bool_:
+            a = a.astype(dt)
         if a.size == 1:
             args.append(a.reshape(1))
-            kinds.append("s")
-        else:
-            args.append(np.ascontiguousarray(np.broadcast_to(a, out.shape)).reshape(-1))
-            kinds.append("a")
-    compile_kernel(program, tuple(kinds), dt)(out.reshape(-1), *args)
+            kinds += "s"
+            continue
+        if a.size != size:  # it broadcasts; one of the output's size reads in the same order
+            a = np.broadcast_to(a, out.shape)
+        args.append(a.reshape(-1))  # a view, or a C-order copy of a strided input
+        kinds += "a"
+    target = out if out.flags.c_contiguous else np.empty(out.shape, dt)
+    key = (program, tuple(kinds), dt)
+    kernel = KERNEL_CACHE.get(key) or compile_kernel(*key)
+    kernel(target.reshape(-1), *args)
+    if target is not out:
+        np.copyto(out, target)
 
 
-register_impl("fused_elementwise", "cpu-numba", fused_elementwise_numba,
-              dtypes=("float32", "float64"), layouts=("any",))
+def _float_result(avals, out, attrs):
+    """The generated loop computes in float32 or float64 only."""
+    dt = np.dtype(out.dtype)
+    return None if dt in (np.float32, np.float64) else f"result dtype {dt.name}"
+
+
+for _device in ("cpu", "cpu-numba"):
+    register_impl("fused_elementwise", _device, fused_elementwise_into,
+                  name="numba.fused_elementwise", dtypes=("float32", "float64"),
+                  accepts=_float_result)
 
 
 # --- the pass ---------------------------------------------------------------------------------
 def _fusable(n):
-    return (n.op in TEMPLATES and n.op in REGISTRY and get(n.op).elementwise
+    return (n.op in REGISTRY and get(n.op).fusion is not None and get(n.op).elementwise
             and not get(n.op).impure and not n.attrs
             and len(n.outputs) == 1 and dtypes.is_float(n.output.dtype))
 

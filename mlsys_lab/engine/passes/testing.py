@@ -1,212 +1,52 @@
-"""Helpers for tests and notebooks: random traced graphs, binding inputs as constants, running
-a graph with a device's kernels, and measuring float differences in ulps.
+"""Helpers for tests and notebooks: running a graph with a device's kernels (:func:`run_graph`)
+and measuring float differences in ulps (:func:`ulp_distance`).
 
-``random_graph(seed, n_nodes)`` writes a random Python function of elementwise ops, matmuls,
-transposes, sums, reshapes, concatenations and constants, traces it with ``ml.trace`` and returns
-the graph with matching numpy inputs. The generator plants what the passes look for: repeated
-expressions (CSE), unused results (DCE), ``x * 1.0`` and ``neg(neg(x))`` (algebraic
-simplification), transpose pairs, ``relu(x @ w + b)`` and, by binding some inputs as constants,
-constant sub-graphs (constant folding).
+The random-graph generator lives in :mod:`mlsys_lab.engine.random_graphs`; its names are
+re-exported here, where tests, chapters and exercises first imported them.
 """
 
 import numpy as np
 
-from ..graph import Graph
-from ..ops_math import broadcast_shapes
-from ..registry import get
-from ..tensor import run_kernel
-from .rewrite import Rewriter
-
-UNARY = ("neg", "tanh", "sigmoid", "relu", "abs", "sin", "cos")
-BINARY = ("add", "sub", "mul", "maximum", "minimum")
-SHAPES = ((3, 4), (4, 3), (4, 4), (3, 3), (2, 3, 4), (4,), (1, 4), ())
-LITERALS = (0.5, 2.0, -1.5, 1.0, 0.0)
-
-
-class _Program:
-    """Builds the random function's source line by line, tracking each variable's shape."""
-
-    def __init__(self, rng):
-        self.rng, self.lines, self.consts, self.shapes = rng, [], [], {}
-        self.n_nodes = 0
-
-    def pick(self, pred=lambda s: True):
-        names = [v for v, s in self.shapes.items() if pred(s)]
-        if not names:
-            return None
-        recent = names[-3:] if self.rng.random() < 0.7 else names  # keep most results live
-        return recent[self.rng.integers(len(recent))]
-
-    def const(self, shape):
-        self.consts.append((self.rng.standard_normal(shape) * 0.5).astype(np.float32))
-        return f"C[{len(self.consts) - 1}]"
-
-    def line(self, expr, shape, n_nodes=1):
-        name = f"v{len(self.shapes)}"
-        self.lines.append(f"    {name} = {expr}")
-        self.shapes[name] = tuple(shape)
-        self.n_nodes += n_nodes
-        return name
-
-
-def _compatible(a, b):
-    try:
-        broadcast_shapes("random_graph", a, b)
-        return True
-    except ValueError:
-        return False
-
-
-def _step(p):
-    """Append one random statement to program ``p``."""
-    r, kind = p.rng, p.rng.choice(["unary", "binary", "binary", "matmul", "transpose", "sum",
-                                   "reshape", "concat", "repeat", "identity", "linear"])
-    a = p.pick()
-    sa = p.shapes[a]
-    if kind == "unary":
-        return p.line(f"ops.{r.choice(UNARY)}({a})", sa)
-    if kind == "binary" or (kind in ("matmul", "linear") and len(sa) < 2):
-        op = r.choice(BINARY + ("div",))
-        if op == "div":
-            return p.line(f"ops.div({a}, {p.const(sa[-1:])} + 2.0)", sa)
-        b = p.pick(lambda s: _compatible(s, sa)) if r.random() < 0.6 else None
-        b = b or (str(r.choice(LITERALS)) if r.random() < 0.5 else p.const(sa[-1:]))
-        args = (a, b) if r.random() < 0.7 else (b, a)
-        shape = broadcast_shapes("random_graph", sa, p.shapes.get(b, sa[-1:] if "C" in b else ()))
-        return p.line(f"ops.{op}({args[0]}, {args[1]})", shape)
-    if kind in ("matmul", "linear"):
-        k = sa[-1]
-        b = p.pick(lambda s: len(s) == 2 and s[0] == k) or p.const((k, int(r.choice([3, 4]))))
-        n = p.shapes[b][1] if b in p.shapes else p.consts[-1].shape[1]
-        out = sa[:-1] + (n,)
-        if kind == "matmul":
-            return p.line(f"ops.matmul({a}, {b})", out)
-        return p.line(f"ops.relu(ops.add(ops.matmul({a}, {b}), {p.const((n,))}))", out, 3)
-    if kind == "transpose" and len(sa) >= 2:
-        perm = tuple(int(i) for i in r.permutation(len(sa)))
-        shape = tuple(sa[i] for i in perm)
-        if r.random() < 0.4:
-            back = tuple(int(i) for i in np.argsort(perm))
-            return p.line(f"ops.transpose(ops.transpose({a}, {perm}), {back})", sa, 2)
-        return p.line(f"ops.transpose({a}, {perm})", shape)
-    if kind == "sum" and sa:
-        axis, keep = int(r.integers(len(sa))), bool(r.random() < 0.5)
-        shape = tuple(1 if i == axis else d for i, d in enumerate(sa) if keep or i != axis)
-        return p.line(f"ops.sum({a}, {axis}, {keep})", shape)
-    if kind == "reshape" and sa:
-        shape = (int(np.prod(sa)),) if r.random() < 0.5 else tuple(reversed(sa))
-        return p.line(f"ops.reshape({a}, {shape})", shape)
-    if kind == "concat" and sa:
-        same = [v for v, s in p.shapes.items() if s == sa]
-        parts = [same[i] for i in r.integers(len(same), size=int(r.integers(2, 5)))]
-        shape = (sa[0] * len(parts),) + sa[1:]
-        return p.line(f"ops.concatenate([{', '.join(parts)}], 0)", shape)
-    if kind == "repeat" and p.lines:
-        old = p.lines[r.integers(len(p.lines))].split(" = ", 1)
-        return p.line(old[1], p.shapes[old[0].strip()])
-    if kind == "identity":
-        expr = r.choice([f"ops.mul({a}, 1.0)", f"ops.add(0.0, {a})", f"ops.neg(ops.neg({a}))",
-                         f"ops.div({a}, 1.0)", f"ops.sub({a}, 0.0)"])
-        return p.line(expr, sa, 1 + expr.count("neg("))
-    return p.line(f"ops.tanh({a})", sa)
-
-
-def random_program(seed, n_nodes=12, n_inputs=3):
-    """Source of a random function of ``n_inputs`` float32 arrays with about ``n_nodes`` ops.
-
-    Returns:
-        ``(source, input_shapes, consts)``: the function ``f`` refers to ``ops`` (``ml.ops``) and
-        to the constant arrays as ``C[i]``.
-    """
-    rng = np.random.default_rng(seed)
-    p = _Program(rng)
-    params = [f"x{i}" for i in range(n_inputs)]
-    for x in params:
-        p.shapes[x] = SHAPES[rng.integers(len(SHAPES) - 3)]
-    while p.n_nodes < n_nodes:
-        _step(p)
-    produced = list(p.shapes)[n_inputs:]
-    outs = [produced[-1]] + ([produced[rng.integers(len(produced))]] if rng.random() < 0.4 else [])
-    src = "\n".join([f"def f({', '.join(params)}):", *p.lines, f"    return {', '.join(outs)}"])
-    return src + "\n", [p.shapes[x] for x in params], p.consts
-
-
-def random_graph(seed, n_nodes=12, n_inputs=3, bind=True):
-    """A random traced graph and matching float32 inputs.
-
-    Args:
-        seed: makes the graph and inputs reproducible.
-        n_nodes: about how many ops the traced function performs.
-        n_inputs: how many arrays the function takes.
-        bind: with probability 1/2, turn one input into a constant (:func:`bind_inputs`), so
-            the graph has constant sub-graphs to fold.
-
-    Returns:
-        ``(graph, args)`` with ``graph(*args)`` runnable.
-    """
-    import mlsys_lab as ml
-
-    source, shapes, consts = random_program(seed, n_nodes, n_inputs)
-    namespace = {"ops": ml.ops, "C": consts}
-    exec(compile(source, f"<random_graph {seed}>", "exec"), namespace)
-    rng = np.random.default_rng(seed + 1)
-    args = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
-    graph = ml.trace(namespace["f"], *args, name=f"random_{seed}")
-    if bind and n_inputs > 1 and rng.random() < 0.5:
-        i = int(rng.integers(n_inputs))
-        graph = bind_inputs(graph, {i: args[i]})
-        args = args[:i] + args[i + 1:]
-    return graph, args
-
-
-def bind_inputs(graph, values):
-    """A copy of ``graph`` in which the inputs at the positions in ``values`` (dict position ->
-    array) are constants: what a compiler sees when weights are known at compile time."""
-    rw = Rewriter(graph)
-    kept = []
-    for i, (old, new) in enumerate(zip(graph.inputs, rw.inputs, strict=True)):
-        if i in values:
-            rw.bind(old, rw.const(np.asarray(values[i], old.dtype).copy(), name=old.name))
-        else:
-            kept.append(new)
-    rw.inputs = kept
-    for n in graph.nodes:
-        rw.copy(n)
-    g = rw.build()
-    return Graph(g.inputs, g.nodes, g.outputs, g.consts, "auto", None, g.name)
+from ..interpreter import Interpreter
+from ..random_graphs import (  # noqa: F401 - re-exported
+    BINARY,
+    LITERALS,
+    SHAPES,
+    UNARY,
+    bind_inputs,
+    random_graph,
+    random_program,
+)
 
 
 def run_graph(graph, *args, device=None):
     """Run ``graph`` on numpy arrays and return its outputs as a list of arrays.
 
-    With ``device`` (e.g. ``"cpu-numba"``), a node whose op registered a kernel for that device
-    (``register_impl``) runs that kernel; every other node runs the op's numpy ``compute``. Each
-    intermediate array is released after its last reader, as a runtime would.
+    With ``device`` (e.g. ``"cpu-numba"``), a node runs the kernel operator selection would give
+    it on that device (``selection.kernel_for``: the device's most preferred kernel that accepts
+    the node); a node with none runs the op's numpy ``compute``. Inputs are checked (one
+    argument per graph input, of its shape and dtype), each intermediate array is released
+    after its last reader, and a failing node is named: the
+    :class:`~mlsys_lab.engine.interpreter.Interpreter` does all three.
     """
-    env = {id(v): np.asarray(a, v.dtype) for v, a in zip(graph.inputs, args, strict=True)}
-    env.update({id(v): a for v, a in graph.consts.items()})
-    last_use = {id(v): i for i, n in enumerate(graph.nodes) for v in n.inputs}
-    keep = set(map(id, graph.outputs)) | set(map(id, graph.consts))
-    for i, n in enumerate(graph.nodes):
-        op = get(n.op)
-        ins = [env[id(v)] for v in n.inputs]
-        info = _kernel_info(device, n) if device else None
-        out = info.kernel(*ins, **n.attrs) if info else run_kernel(op, ins, n.attrs)
-        env[id(n.output)] = np.asarray(out)
-        for v in n.inputs:
-            if last_use[id(v)] == i and id(v) not in keep:
-                env.pop(id(v), None)
-    return [env[id(v)] for v in graph.outputs]
+    return DeviceInterpreter(graph, device).run_flat(list(args))
 
 
-def _kernel_info(device_name, node):
-    """The device's kernel for ``node`` if it accepts the node's inputs, else None."""
-    from ..selection import device
+class DeviceInterpreter(Interpreter):
+    """The Interpreter with ``device``'s registered kernels where they accept a node (the op's
+    numpy kernel elsewhere, and everywhere when ``device`` is None)."""
 
-    info = device(device_name).lookup(node.op)
-    if info is None or info.accepts([v.aval for v in node.inputs]) is not None:
-        return None
-    return info
+    def __init__(self, graph, device=None):
+        super().__init__(graph)
+        self.device = device
+
+    def run_node(self, node, args):
+        from ..selection import call_kernel, kernel_for
+
+        kernel = kernel_for(node, self.device) if self.device else None
+        if kernel is None:
+            return super().run_node(node, args)
+        return call_kernel(kernel, node, args)
 
 
 def ulp_distance(a, b):
