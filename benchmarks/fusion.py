@@ -19,9 +19,10 @@ import numpy as np
 
 import mlsys_lab as ml
 from mlsys_lab import timing
+from mlsys_lab.engine.dtypes import ulp_distance
 from mlsys_lab.engine.passes import fuse_elementwise
 from mlsys_lab.engine.passes.fusion import fused_elementwise_numba
-from mlsys_lab.engine.passes.testing import run_graph, ulp_distance
+from mlsys_lab.engine.runtime import run_graph
 
 
 def numpy_chain(x, a, b, c):

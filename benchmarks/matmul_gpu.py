@@ -9,8 +9,9 @@ Run on a machine with an NVIDIA GPU (no network needed):
 For every variant and shape it checks the result against cuBLAS (through PyTorch or CuPy, TF32
 off) and against a float64 numpy reference on sampled rows, times it with CUDA events (median
 of ``--repeats`` samples, each the mean of ``--batch`` back-to-back launches, after warm-up),
-prints a table and writes a JSON results file that ``mlsys_lab.kernels.cuda.load_gpu_results``
-reads and the chapter-8 notebook shows next to the book's RTX 3080 numbers.
+prints a table and writes a JSON results file that
+``mlsys_lab.kernels.gpu_results.load_gpu_results`` reads and the chapter-8 notebook shows next
+to the book's RTX 3080 numbers.
 
 Exit status: 0 all variants correct; 1 a variant gave a wrong result; 2 no real GPU (or the
 CUDA simulator is switched on).

@@ -13,8 +13,9 @@ import numpy as np
 import mlsys_lab as ml
 from mlsys_lab import ops, timing
 from mlsys_lab.engine import memory
-from mlsys_lab.engine.compiler import trace_train_step, value_lifetimes
+from mlsys_lab.engine.compiler import value_lifetimes
 from mlsys_lab.nn import zoo
+from mlsys_lab.nn.train_step import trace_train_step
 
 STRATEGIES = [*memory.STRATEGIES, "best"]
 

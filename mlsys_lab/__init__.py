@@ -15,14 +15,15 @@ import numpy as _np  # noqa: E402
 from . import ops  # noqa: E402
 from .engine import tensor_methods as _tensor_methods  # noqa: E402,F401
 from .engine.autodiff import grad, gradients, hvp, jvp, tape_to_graph, value_and_grad, vjp  # noqa: E402
-from .engine.compiler import compile, compile_train_step  # noqa: E402,A004
+from .engine.autodiff_graph import grad_graph  # noqa: E402
+from .engine.compiler import compile  # noqa: E402,A004
 from .engine.dispatch import custom_op  # noqa: E402
 from .engine.dtypes import as_dtype as _as_dtype  # noqa: E402
 from .engine.dtypes import bool_, float16, float32, float64, int32, int64, uint8  # noqa: E402
 from .engine.graph import Graph  # noqa: E402
+from .engine.graph import set_svg_renderer as _set_svg_renderer  # noqa: E402
 from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402
 from .engine.trace import trace  # noqa: E402
-from .engine.transform import grad_graph  # noqa: E402
 from .errors import (  # noqa: E402
     ArgumentError,
     CheckpointError,
@@ -40,6 +41,8 @@ from .errors import (  # noqa: E402
     TraceError,
     UnknownNameError,
 )
+from .kernels import registration as _registration  # noqa: E402,F401 - Numba kernels as impls
+from .nn.train_step import compile_train_step  # noqa: E402
 
 __all__ = [
     "ArgumentError", "CheckpointError", "CycleError", "DTypeError", "DTypeOverflowError", "Graph",
@@ -110,6 +113,15 @@ def _physical_memory():
 
 
 _PHYSICAL_MEMORY = _physical_memory()
+
+
+def _render_svg(dot_source):
+    from .viz.graph_view import render_svg  # imported on first display: viz pulls matplotlib
+
+    return render_svg(dot_source)
+
+
+_set_svg_renderer(_render_svg)
 
 
 def __getattr__(name):  # lazy subpackages: ml.nn, ml.optim, ml.viz, ml.compile, ...

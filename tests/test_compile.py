@@ -6,8 +6,9 @@ import pytest
 import mlsys_lab as ml
 from mlsys_lab import nn, ops
 from mlsys_lab.engine import memory
-from mlsys_lab.engine.compiler import Compiled, compile_train_step
+from mlsys_lab.engine.compiler import Compiled
 from mlsys_lab.engine.selection import select
+from mlsys_lab.nn.train_step import compile_train_step
 
 RNG = np.random.default_rng(0)
 F32 = np.float32
@@ -114,7 +115,7 @@ def test_compile_on_npu_runs_and_explains():
 
 @pytest.mark.parametrize("seed", range(40))
 def test_compiled_equals_interpreter_on_random_graphs(seed):
-    from mlsys_lab.engine.passes.testing import random_graph
+    from mlsys_lab.engine.random_graphs import random_graph
 
     graph, args = random_graph(seed, n_nodes=14)
 

@@ -10,6 +10,7 @@ from numpy.lib.introspect import opt_func_info
 import mlsys_lab as ml
 from mlsys_lab import ops
 from mlsys_lab.engine.compiler import Compiled
+from mlsys_lab.engine.dtypes import ulp_distance
 from mlsys_lab.engine.graph import Graph, Node, Value
 from mlsys_lab.engine.passes import (
     algebraic_simplification,
@@ -19,7 +20,6 @@ from mlsys_lab.engine.passes import (
     run_pipeline,
 )
 from mlsys_lab.engine.passes.fusion import compile_kernel, fused_elementwise_into
-from mlsys_lab.engine.passes.testing import ulp_distance
 from mlsys_lab.engine.registry import REGISTRY, AVal, Op, get, register
 from mlsys_lab.engine.tensor import apply
 from mlsys_lab.errors import GraphError, OpError, OutOfMemoryError, TraceError

@@ -1,7 +1,7 @@
 """Compiled versus eager on random programs whose inputs hold NaN, +-inf, +-0, denormals and
 huge values, on the ``cpu`` and ``cpu-numba`` devices (and ``cuda`` under Numba's simulator).
 
-The programs come from :func:`mlsys_lab.engine.passes.testing.random_program`. Compiled with no
+The programs come from :func:`mlsys_lab.engine.random_graphs.random_program`. Compiled with no
 passes on ``cpu`` every node runs the eager op's own numpy kernel, so the outputs must agree
 bit for bit (signed zeros and NaN positions included). With the default passes (fusion into
 generated kernels, algebraic rewrites) values may differ by a few ulps — never more than the
@@ -15,7 +15,7 @@ import pytest
 
 import mlsys_lab as ml
 from mlsys_lab import nn, ops
-from mlsys_lab.engine.passes.testing import random_program
+from mlsys_lab.engine.random_graphs import random_program
 
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1e-45, 1e30, -1e30,
                      3e38, -3e38, 20.0, -20.0, 40.0, -40.0, 100.0, -100.0], np.float32)

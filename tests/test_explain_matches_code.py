@@ -26,8 +26,9 @@ from numba.core.dispatcher import Dispatcher
 
 import mlsys_lab as ml
 from mlsys_lab import nn, ops
-from mlsys_lab.engine import cpu_kernels
+from mlsys_lab.engine import cpu_impls
 from mlsys_lab.engine.passes import fusion
+from mlsys_lab.engine.passes.fusion import kernels as fused_kernels
 from mlsys_lab.engine.registry import get
 from mlsys_lab.nn import zoo
 
@@ -234,8 +235,8 @@ class Spy:
         g = c.current._run.__globals__
         for node, name, fn in calls:
             monkeypatch.setitem(g, name, self._marker(node.id, fn))
-        table = cpu_kernels._cblas()
-        monkeypatch.setattr(cpu_kernels, "_CBLAS", [{
+        table = fused_kernels._cblas()
+        monkeypatch.setattr(fused_kernels, "_CBLAS", [{
             dt: self._recorder(("cblas", dt.name), fn) for dt, fn in table.items()}])
         for module, prefix in self._loop_modules():
             for attr, obj in list(vars(module).items()):
@@ -248,8 +249,9 @@ class Spy:
 
     @staticmethod
     def _loop_modules():
-        """Modules whose Numba loops kernels call: the CPU backend's and the matmul ladder."""
-        yield cpu_kernels, ()
+        """Modules whose Numba loops kernels call: CPU impls, fused ops, the matmul ladder."""
+        yield cpu_impls, ()
+        yield fused_kernels, ()
         if "mlsys_lab.kernels.cpu" in sys.modules:
             yield sys.modules["mlsys_lab.kernels.cpu"], ("matmul",)
 

@@ -1,6 +1,6 @@
 """The GEMM path of the compiled CPU backend and its Numba cross-entropy kernels.
 
-* ``cpu_kernels.gemm_out`` (``out <- beta*c + alpha*(a@b)`` through numpy's own cblas via
+* ``passes.fusion.kernels.gemm_out`` (``out <- beta*c + alpha*(a@b)`` through numpy's own cblas via
   ctypes) against a float64 oracle, on every layout it takes to BLAS and every case it must
   hand to numpy instead (checked with a spy on the BLAS table);
 * the ``gemm`` op (shape/dtype inference, reference compute, ``inplace``);
@@ -23,17 +23,15 @@ from hypothesis import strategies as st
 
 import mlsys_lab as ml
 from mlsys_lab import nn, ops
-from mlsys_lab.engine import cpu_kernels as ck
+from mlsys_lab.engine import cpu_impls as ck
 from mlsys_lab.engine import memory
-from mlsys_lab.engine.compiler import Compiled, compile_train_step
-from mlsys_lab.engine.passes import (
-    backend_ops,  # noqa: F401  (registers "gemm")
-    default_pipeline,
-    fuse_gemm_accumulate,
-)
-from mlsys_lab.engine.passes.testing import run_graph
+from mlsys_lab.engine.compiler import Compiled
+from mlsys_lab.engine.passes import default_pipeline, fuse_gemm_accumulate
+from mlsys_lab.engine.passes.fusion import kernels as fk
 from mlsys_lab.engine.registry import AVal, Kernel, get
+from mlsys_lab.engine.runtime import run_graph
 from mlsys_lab.errors import DTypeError, GraphError, OpError, ShapeError
+from mlsys_lab.nn.train_step import compile_train_step
 from tests.test_compile import _assert_compiled_step_matches_sgd
 
 F32, F64 = np.float32, np.float64
@@ -67,9 +65,9 @@ def _operand(rng, shape, dtype, transposed):
 
 
 def _blas_table():
-    if not ck._CBLAS:
-        ck._CBLAS.append(ck._find_cblas())
-    return ck._CBLAS[0]
+    if not fk._CBLAS:
+        fk._CBLAS.append(fk._find_cblas())
+    return fk._CBLAS[0]
 
 
 @contextlib.contextmanager
@@ -84,11 +82,11 @@ def _blas_spy():
             return fn(*args)
         return spy
 
-    ck._CBLAS[0] = {dt: wrap(dt, fn) for dt, fn in real.items()}
+    fk._CBLAS[0] = {dt: wrap(dt, fn) for dt, fn in real.items()}
     try:
         yield calls
     finally:
-        ck._CBLAS[0] = real
+        fk._CBLAS[0] = real
 
 
 def ops_of(graph):
@@ -101,14 +99,14 @@ def _rand(rng, *shape, dtype=F32):
 
 # --- 1. gemm_out through BLAS -------------------------------------------------------------------
 def test_numpy_blas_is_found_for_float32_and_float64():
-    table = ck._find_cblas()
+    table = fk._find_cblas()
     assert set(table) <= {np.dtype(F32), np.dtype(F64)}
     if not table:
         pytest.skip("numpy's BLAS exposes no cblas_?gemm here; only the numpy route runs")
     assert set(table) == {np.dtype(F32), np.dtype(F64)}
     kernels = get("gemm").impls["cpu"]
     assert [k.name for k in kernels] == ["cblas.sgemm", "cblas.dgemm"]
-    assert all(k.out_fn is ck.blas_gemm_out for k in kernels)
+    assert all(k.out_fn is fk.blas_gemm_out for k in kernels)
 
 
 @settings(max_examples=60, deadline=None)
@@ -125,10 +123,10 @@ def test_gemm_out_matches_float64_oracle(m, k, n, dtype, a_t, b_t, alpha, beta, 
     with _blas_spy() as calls:
         if inplace:
             out = c
-            ck.gemm_out(out, out, a, b, alpha, beta)
+            fk.gemm_out(out, out, a, b, alpha, beta)
         else:
             out = np.full((m, n), np.nan, dtype)
-            ck.gemm_out(out, c, a, b, alpha, beta)
+            fk.gemm_out(out, c, a, b, alpha, beta)
             np.testing.assert_array_equal(c, c0)  # c is read, never written
     assert out.dtype == dtype and out.shape == (m, n)
     _assert_gemm_close(out, c0, a, b, alpha, beta)
@@ -140,7 +138,7 @@ def test_gemm_out_in_place_accumulates_into_c_itself():
     rng = np.random.default_rng(1)
     a, b, c = _rand(rng, 7, 5), _rand(rng, 5, 6), _rand(rng, 7, 6)
     c0, keep = c.copy(), c
-    ck.gemm_out(c, c, a.T.copy().T, b, -0.25, 1.0)
+    fk.gemm_out(c, c, a.T.copy().T, b, -0.25, 1.0)
     assert c is keep
     _assert_gemm_close(c, c0, a, b, -0.25, 1.0)
 
@@ -148,7 +146,7 @@ def test_gemm_out_in_place_accumulates_into_c_itself():
 def test_gemm_out_zero_inner_dimension_scales_c():
     c = np.arange(6, dtype=F64).reshape(2, 3)
     out = np.full_like(c, np.nan)
-    ck.gemm_out(out, c, np.zeros((2, 0)), np.zeros((0, 3)), 3.0, -2.0)
+    fk.gemm_out(out, c, np.zeros((2, 0)), np.zeros((0, 3)), 3.0, -2.0)
     np.testing.assert_array_equal(out, -2.0 * c)
 
 
@@ -179,48 +177,48 @@ def test_gemm_out_hands_what_blas_cannot_take_to_numpy(monkeypatch):
     def boom(*args):
         calls.append(args)
 
-    monkeypatch.setattr(ck, "_CBLAS", [{np.dtype(F32): boom, np.dtype(F64): boom}])
+    monkeypatch.setattr(fk, "_CBLAS", [{np.dtype(F32): boom, np.dtype(F64): boom}])
     rng = np.random.default_rng(2)
     for name, out, c, a, b, dt in _fallback_cases(rng):
         want = [x.copy() for x in (c, a, b)]  # operands as they were before out is written
-        ck.gemm_out(out, c, a, b, 0.7, -1.0)
+        fk.gemm_out(out, c, a, b, 0.7, -1.0)
         assert not calls, f"{name}: sent to BLAS"
         assert out.dtype == dt
         _assert_gemm_close(out, *want, 0.7, -1.0, dtype=dt)
     # the spy does see contiguous inputs, so the silence above is meaningful
-    ck.gemm_out(np.empty((2, 2), F32), np.ones((2, 2), F32), np.ones((2, 3), F32),
+    fk.gemm_out(np.empty((2, 2), F32), np.ones((2, 2), F32), np.ones((2, 3), F32),
                 np.ones((3, 2), F32), 1.0, 1.0)
     assert len(calls) == 1
 
 
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_gemm_out_without_blas_gives_the_same_results(monkeypatch, dtype):
-    monkeypatch.setattr(ck, "_CBLAS", [{}])
+    monkeypatch.setattr(fk, "_CBLAS", [{}])
     rng = np.random.default_rng(3)
     a, b, c = _rand(rng, 9, 4, dtype=dtype), _rand(rng, 6, 4, dtype=dtype).T, \
         _rand(rng, 9, 6, dtype=dtype)
     out = np.empty_like(c)
-    ck.gemm_out(out, c, a, b, -0.5, 1.0)
+    fk.gemm_out(out, c, a, b, -0.5, 1.0)
     _assert_gemm_close(out, c, a, b, -0.5, 1.0)
     c0 = c.copy()
-    ck.gemm_out(c, c, a, b, 2.0, -1.0)
+    fk.gemm_out(c, c, a, b, 2.0, -1.0)
     _assert_gemm_close(c, c0, a, b, 2.0, -1.0)
 
 
 def test_blas_lookup_is_cached_and_a_missing_library_means_numpy(monkeypatch):
     found = []
-    real = ck._find_cblas
+    real = fk._find_cblas
 
     def counting():
         found.append(1)
         return real()
 
-    monkeypatch.setattr(ck, "_CBLAS", [])
-    monkeypatch.setattr(ck, "_find_cblas", counting)
+    monkeypatch.setattr(fk, "_CBLAS", [])
+    monkeypatch.setattr(fk, "_find_cblas", counting)
     a = np.ones((2, 2), F64)
     for _ in range(3):
-        ck.gemm_out(np.empty((2, 2)), a, a, a, 1.0, 1.0)
-    assert len(found) == 1 and len(ck._CBLAS) == 1
+        fk.gemm_out(np.empty((2, 2)), a, a, a, 1.0, 1.0)
+    assert len(found) == 1 and len(fk._CBLAS) == 1
 
     def no_library(*args, **kwargs):
         raise OSError("cannot open")
@@ -236,7 +234,7 @@ def test_gemm_out_c_aliasing_out_through_another_view(view):
     out = _rand(rng, 4, 4)
     c = out.T if view == "transpose" else np.broadcast_to(out[0], out.shape)
     c0 = c.copy()
-    ck.gemm_out(out, c, a, b, 0.5, 2.0)
+    fk.gemm_out(out, c, a, b, 0.5, 2.0)
     _assert_gemm_close(out, c0, a, b, 0.5, 2.0)
 
 
@@ -688,7 +686,7 @@ def test_relu_kernels_match_numpy_on_special_values():
         np.testing.assert_array_equal(out, np.where(x > 0, g, F32(0)))
     a, w = rng.standard_normal((6, 3)).astype(F32), rng.standard_normal((3, 7)).astype(F32)
     b = rng.choice(special, size=7).astype(F32)
-    ck.fused_linear_relu_out(out, a, w, b, activation="relu")
+    fk.fused_linear_relu_out(out, a, w, b, activation="relu")
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(out, np.maximum(a @ w + b, 0))
 
@@ -710,7 +708,7 @@ def test_fuse_gemm_accumulate_folds_a_bias_update(f, alpha, beta):
     (want,), (got,) = run_graph(g, c, x), run_graph(h, c, x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     out = np.empty_like(c)
-    ck.sum_accumulate_out(out, c, x, **node.attrs)
+    fk.sum_accumulate_out(out, c, x, **node.attrs)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
@@ -738,7 +736,7 @@ def test_sum_accumulate_kernel_matches_float64_oracle(dtype, layout):
         x = x[:, :9].copy()
     want = 0.75 * c.astype(F64) - 0.3 * x.astype(F64).sum(axis=0)
     out = c if layout == "in place" else np.full_like(c, np.nan)
-    ck.sum_accumulate_out(out, c, x, alpha=-0.3, beta=0.75)
+    fk.sum_accumulate_out(out, c, x, alpha=-0.3, beta=0.75)
     tol = 1e-5 if dtype == F32 else 1e-12
     np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
 

@@ -9,8 +9,9 @@ from mlsys_lab import ops
 from mlsys_lab.engine import runtime, schedule
 from mlsys_lab.engine.graph import Graph, Node, Value, find_cycle
 from mlsys_lab.engine.interpreter import Interpreter, TensorInterpreter
-from mlsys_lab.engine.passes.testing import random_graph, run_graph
+from mlsys_lab.engine.random_graphs import random_graph
 from mlsys_lab.engine.registry import REGISTRY, AVal, Op, register
+from mlsys_lab.engine.runtime import run_graph
 from mlsys_lab.engine.selection import select
 from mlsys_lab.engine.tensor import apply
 from mlsys_lab.errors import (

@@ -13,6 +13,7 @@ from numba import cuda
 
 from mlsys_lab.errors import DTypeError, ShapeError
 from mlsys_lab.kernels import cuda as kc
+from mlsys_lab.kernels import gpu_results as gr
 
 SHAPES = [(37, 29, 53), (17, 33, 9), (5, 1, 19)]  # (M, K, N): none a multiple of a tile
 
@@ -32,7 +33,7 @@ def assert_matmul(c, a, b, rtol=1e-4):
 def test_variants_in_the_books_order():
     assert list(kc.VARIANTS) == ["naive", "thread_tile", "block_tile", "shared",
                                  "shared_transposed", "shared_prefetch", "double_buffer"]
-    assert [row.variant for row in kc.BOOK_RTX3080] == list(kc.VARIANTS) + ["cublas"]
+    assert [row.variant for row in gr.BOOK_RTX3080] == list(kc.VARIANTS) + ["cublas"]
     for name, fn in kc.VARIANTS.items():
         assert fn.__name__ == f"matmul_{name}" and fn.__doc__
 
@@ -117,13 +118,13 @@ def test_bad_config_and_variant():
 
 
 def test_book_table():
-    book = {row.variant: row for row in kc.BOOK_RTX3080}
+    book = {row.variant: row for row in gr.BOOK_RTX3080}
     assert (book["naive"].ms, book["naive"].gflops) == (48.961, 185.313)
     assert (book["double_buffer"].ms, book["double_buffer"].gflops) == (0.542, 15838.302)
     assert (book["cublas"].ms, book["cublas"].gflops) == (0.613, 14002.600)
-    assert kc.BOOK_RTX3080_PEAK_GFLOPS == 29767.68
-    m, n, k = kc.BOOK_SHAPE
-    for row in kc.BOOK_RTX3080[1:]:  # the naive row is the book's one inconsistent row
+    assert gr.BOOK_RTX3080_PEAK_GFLOPS == 29767.68
+    m, n, k = gr.BOOK_SHAPE
+    for row in gr.BOOK_RTX3080[1:]:  # the naive row is the book's one inconsistent row
         assert 2 * m * n * k / (row.ms * 1e-3) / 1e9 == pytest.approx(row.gflops, rel=2e-3)
 
 
@@ -137,15 +138,15 @@ def test_results_file_round_trip(tmp_path):
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps(dict(device="NVIDIA H200", date="2025-01-01T00:00:00+00:00",
                                     numba_version="0.68.1", reference="torch", rows=rows)))
-    results = kc.load_gpu_results(path)
-    table = kc.results_table(results)
-    assert [r["variant"] for r in table] == [r.variant for r in kc.BOOK_RTX3080]
+    results = gr.load_gpu_results(path)
+    table = gr.results_table(results)
+    assert [r["variant"] for r in table] == [r.variant for r in gr.BOOK_RTX3080]
     final = table[6]
     assert final["book_ms"] == 0.542 and final["ms"] == 0.25 and final["ratio_to_cublas"] == 0.8
     assert table[0]["ms"] is None  # naive not measured in this file
-    assert kc.results_table(results, shape=(4096, 4096, 4096))[6]["ms"] == 3.0
-    assert kc.results_table()[7]["book_gflops"] == 14002.600
-    assert "NVIDIA H200" in kc.results_header(results)
+    assert gr.results_table(results, shape=(4096, 4096, 4096))[6]["ms"] == 3.0
+    assert gr.results_table()[7]["book_gflops"] == 14002.600
+    assert "NVIDIA H200" in gr.results_header(results)
     path.write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="missing"):
-        kc.load_gpu_results(path)
+        gr.load_gpu_results(path)

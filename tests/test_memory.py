@@ -503,8 +503,9 @@ def test_local_search_closes_the_gap_that_greedy_leaves():
     """On this transformer's training step every greedy order stays ~10% above the lower bound;
     moving the tensors that reach the top earlier in the order finds a plan at the bound."""
     from mlsys_lab import ops
-    from mlsys_lab.engine.compiler import trace_train_step, value_lifetimes
+    from mlsys_lab.engine.compiler import value_lifetimes
     from mlsys_lab.nn import zoo
+    from mlsys_lab.nn.train_step import trace_train_step
 
     rng = np.random.default_rng(0)
     model = zoo.TransformerClassifier(dim=32, heads=4, hidden=64, seed=0)

@@ -10,9 +10,9 @@ import pytest
 import mlsys_lab as ml
 from mlsys_lab import ops as O
 from mlsys_lab.engine import control, ops_math, ops_nn, ops_shape
+from mlsys_lab.engine.autodiff_graph import jvp_graph
 from mlsys_lab.engine.registry import REGISTRY, Op, get
 from mlsys_lab.engine.tensor import apply
-from mlsys_lab.engine.transform import jvp_graph
 
 from .gradcheck import numeric_vjp, tape_vjp
 

@@ -27,7 +27,8 @@ from mlsys_lab.engine.passes import (
     split_concat,
 )
 from mlsys_lab.engine.passes.fusion import KERNEL_CACHE, compile_kernel, expression
-from mlsys_lab.engine.passes.testing import bind_inputs, random_graph, run_graph
+from mlsys_lab.engine.random_graphs import bind_inputs, random_graph
+from mlsys_lab.engine.runtime import run_graph
 from mlsys_lab.errors import GraphError
 
 N_GRAPHS = 200

@@ -6,13 +6,13 @@ transforms of them, so this module sits above tracing and the graph autodiff tra
 
 import numpy as np
 
-from ..errors import DTypeError, GraphError
+from ..errors import DTypeError, GraphError, ShapeError
 from . import dtypes
+from .autodiff_graph import jvp_graph, vjp_graph
 from .dispatch import apply, no_grad
 from .registry import AVal, defop
 from .tensor import as_tensor, zeros_like
 from .trace import trace_branch
-from .transform import jvp_graph, vjp_graph
 
 
 def _check_pred(pred):
@@ -21,10 +21,18 @@ def _check_pred(pred):
                          f"{pred.dtype}{list(pred.shape)}")
 
 
+def _types(types):
+    return ", ".join(f"{dt.name}{list(shape)}" for shape, dt in types) or "nothing"
+
+
 def _cond_infer(pred, *operands, true_graph, false_graph):
     _check_pred(pred)
     outs = []
     for g in (true_graph, false_graph):
+        types = [(tuple(v.shape), np.dtype(v.dtype)) for v in g.inputs]
+        given = [(tuple(o.shape), np.dtype(o.dtype)) for o in operands]
+        if types != given:
+            raise ShapeError(f"cond: branch {g.name} takes {_types(types)}, got {_types(given)}")
         try:
             (aval,) = g.infer(*operands)
         except Exception as e:

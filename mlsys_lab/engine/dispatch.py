@@ -23,7 +23,7 @@ from .registry import defop, get
 
 
 class _Mode:
-    allocator = None  # a CachingAllocator that accounts eager outputs (see track_memory)
+    allocator = None  # a CachingAllocator that accounts eager outputs (see memory.track_memory)
     grad_enabled = True
     forward_depth = 0  # >0 while ml.jvp is running
     forward_suspended = 0  # >0 while a JVP rule itself runs
@@ -135,17 +135,6 @@ def account_outputs(allocator):
         yield allocator
     finally:
         MODE.allocator = prev
-
-
-def track_memory(allocator=None):
-    """Account every eager op output in a caching allocator (like PyTorch's CUDA caching
-    allocator): a block is taken when the output is made and returned to the cache when the
-    tensor is garbage-collected. Yields the allocator; read ``allocator.stats()``."""
-    if allocator is None:
-        from .memory import CachingAllocator
-
-        allocator = CachingAllocator()
-    return account_outputs(allocator)
 
 
 # --- forward mode -------------------------------------------------------------------------------

@@ -7,8 +7,6 @@ node records the op name, its attrs and the user's source line that created it.
 
 import itertools
 import math
-import os
-import sys
 
 import numpy as np
 
@@ -16,6 +14,16 @@ from ..errors import CycleError, GraphError, MLSysError
 from . import dtypes
 from .interpreter import TensorInterpreter, check_input  # noqa: F401 - check_input: public here
 from .registry import AVal, get
+from .source import user_source_line  # noqa: F401 - re-exported: trace and tests use it here
+
+# The engine draws nothing itself: mlsys_lab.viz registers how a graph becomes SVG (Jupyter's
+# rich display), so the engine never imports viz.
+_SVG_RENDERER: list = []
+
+
+def set_svg_renderer(render) -> None:
+    """Use ``render(dot_source) -> svg_text | None`` for ``Graph._repr_svg_``."""
+    _SVG_RENDERER[:] = [render]
 
 
 class Value:
@@ -335,9 +343,7 @@ class Graph:
         return "\n".join(lines)
 
     def _repr_svg_(self):
-        from ..viz.graph_view import render_svg
-
-        return render_svg(self.to_dot())
+        return _SVG_RENDERER[0](self.to_dot()) if _SVG_RENDERER else None
 
 
 def find_cycle(nodes):
@@ -419,20 +425,3 @@ def _at(n):
     return f"\n  at {n.source}" if n.source else ""
 
 
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__))
-
-
-def user_source_line():
-    """``file:line: code`` of the innermost frame outside mlsys_lab and the standard library."""
-    import linecache
-
-    f = sys._getframe(1)
-    while f is not None:
-        fn = os.path.abspath(f.f_code.co_filename)
-        if not fn.startswith(_PKG_DIR) and not fn.startswith(_STDLIB_DIR):
-            code = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
-            return f"{os.path.basename(fn)}:{f.f_lineno}: {code}" if code else \
-                f"{os.path.basename(fn)}:{f.f_lineno}"
-        f = f.f_back
-    return ""

@@ -9,7 +9,7 @@ user's source line (:func:`node_error`). Everything that runs a graph node by no
   records on the tape, or emits nodes when it happens inside a trace;
 * ``runtime.run_serial`` / ``run_parallel`` / ``run_heterogeneous`` — numpy kernels, a timeline,
   a thread pool or simulated device streams driving :meth:`Interpreter.step`;
-* ``passes.testing.run_graph`` — a device's registered kernels where they accept the node.
+* ``runtime.run_graph`` — a device's registered kernels where they accept the node.
 
 A subclass changes what one node does by overriding ``run_node``, the order by overriding
 ``schedule``, and what happens around a node (timing, locking) by wrapping ``step`` or driving

@@ -12,7 +12,7 @@ from .dispatch import apply, tsum
 from .ops_math import cast, exp, sqrt
 from .ops_shape import mean, reshape, sum
 from .registry import AVal, defop
-from .shapes import as_int, conv_out_size
+from .shapes import as_int, conv_out_size, expect_shape
 from .tensor import Tensor, as_tensor
 
 
@@ -115,6 +115,7 @@ def _ce_grad_np(x, t):
 
 
 def _ce_grad_infer(x, t):
+    _ce_infer(x, t)  # the forward op's rule: (N, C) logits, N integer targets
     return AVal(tuple(x.shape), x.dtype)
 
 
@@ -273,6 +274,8 @@ CONV2D = defop("conv2d", compute=_conv_np, infer=_conv_infer, vjp=_conv_vjp, jvp
 
 
 def _conv_grad_input_infer(g, w, x_shape, stride, padding):
+    y = _conv_infer(AVal(tuple(x_shape), g.dtype), w, stride, padding)
+    expect_shape("conv2d_grad_input", "the cotangent", g.shape, y.shape)
     return AVal(tuple(x_shape), g.dtype)
 
 
@@ -293,6 +296,8 @@ CONV2D_GRAD_INPUT = defop("conv2d_grad_input", compute=_conv_grad_input_np,
 
 
 def _conv_grad_weight_infer(x, g, w_shape, stride, padding):
+    y = _conv_infer(x, AVal(tuple(w_shape), x.dtype), stride, padding)
+    expect_shape("conv2d_grad_weight", "the cotangent", g.shape, y.shape)
     return AVal(tuple(w_shape), x.dtype)
 
 
@@ -400,6 +405,7 @@ MAX_POOL2D = defop("max_pool2d", compute=_maxpool_np, infer=_maxpool_infer, vjp=
 
 
 def _maxpool_select_infer(u, x, kernel, stride, padding):
+    expect_shape("max_pool2d_select", "the tangent", u.shape, x.shape)
     return _maxpool_infer(x, kernel, stride, padding)
 
 
@@ -419,6 +425,8 @@ MAX_POOL2D_SELECT = defop("max_pool2d_select", compute=_maxpool_select_np,
 
 
 def _maxpool_scatter_infer(g, x, kernel, stride, padding):
+    y = _maxpool_infer(x, kernel, stride, padding)
+    expect_shape("max_pool2d_scatter", "the cotangent", g.shape, y.shape)
     return AVal(tuple(x.shape), g.dtype)
 
 
@@ -468,6 +476,8 @@ AVG_POOL2D = defop("avg_pool2d", compute=_avgpool_np, infer=_pool_infer("avg_poo
 
 
 def _avgpool_grad_infer(g, x_shape, kernel, stride, padding):
+    y = _pool_infer("avg_pool2d")(AVal(tuple(x_shape), g.dtype), kernel, stride, padding)
+    expect_shape("avg_pool2d_grad", "the cotangent", g.shape, y.shape)
     return AVal(tuple(x_shape), g.dtype)
 
 

@@ -13,7 +13,15 @@ from ..errors import DTypeError, ShapeError
 from . import dtypes
 from .dispatch import apply, tsum
 from .registry import AVal, defop
-from .shapes import as_int, broadcast_shapes, check_axis, norm_axes, reduced_shape, unbroadcast
+from .shapes import (
+    as_int,
+    broadcast_shapes,
+    check_axis,
+    expect_shape,
+    norm_axes,
+    reduced_shape,
+    unbroadcast,
+)
 from .tensor import Tensor, zeros_like
 
 
@@ -398,6 +406,8 @@ def _getitem_grad_compute(g, shape, index):
 
 
 def _getitem_grad_infer(g, shape, index):
+    y = _getitem_infer(AVal(tuple(shape), g.dtype), index)
+    expect_shape("getitem_grad", "the cotangent", g.shape, y.shape)
     return AVal(tuple(shape), g.dtype)
 
 
@@ -450,6 +460,8 @@ def _take_grad_compute(g, idx, shape, axis):
 
 
 def _take_grad_infer(g, idx, shape, axis):
+    y = _take_infer(AVal(tuple(shape), g.dtype), idx, axis)
+    expect_shape("take_grad", "the cotangent", g.shape, y.shape)
     return AVal(tuple(shape), g.dtype)
 
 

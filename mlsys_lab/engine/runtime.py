@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ArgumentError, GraphError
 from .interpreter import Interpreter, as_input  # noqa: F401 - as_input: public here
 from .pytree import flatten
+from .selection import call_kernel, kernel_for
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,34 @@ class TimedInterpreter(Interpreter):
         device = self.device or node.meta.get("device", "cpu")
         self.timeline.append(Event.of(node, device, self.worker, t0, time.perf_counter()))
         return result
+
+
+def run_graph(graph, *args, device=None):
+    """Run ``graph`` on numpy arrays and return its outputs as a list of arrays.
+
+    With ``device`` (e.g. ``"cpu-numba"``), a node runs the kernel operator selection would give
+    it on that device (``selection.kernel_for``: the device's most preferred kernel that accepts
+    the node); a node with none runs the op's numpy ``compute``. Inputs are checked (one
+    argument per graph input, of its shape and dtype), each intermediate array is released
+    after its last reader, and a failing node is named: the
+    :class:`~mlsys_lab.engine.interpreter.Interpreter` does all three.
+    """
+    return DeviceInterpreter(graph, device).run_flat(list(args))
+
+
+class DeviceInterpreter(Interpreter):
+    """The Interpreter with ``device``'s registered kernels where they accept a node (the op's
+    numpy kernel elsewhere, and everywhere when ``device`` is None)."""
+
+    def __init__(self, graph, device=None):
+        super().__init__(graph)
+        self.device = device
+
+    def run_node(self, node, args):
+        kernel = kernel_for(node, self.device) if self.device else None
+        if kernel is None:
+            return super().run_node(node, args)
+        return call_kernel(kernel, node, args)
 
 
 def _start(graph, args):

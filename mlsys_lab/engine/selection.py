@@ -4,7 +4,7 @@ to another device (with inserted copies) or a lower precision.
 A device's operator-information table (算子信息库) is the set of kernels its ops registered for
 it: ``Op.impls[device]``, a list of :class:`~.registry.Kernel` (name, ``out_fn(out, *arrays,
 **attrs)``, ``accepts(avals, out, attrs)``), most preferred first. ``cpu`` holds the compiled
-CPU backend's kernels (:mod:`.cpu_kernels`, the generated fused loops) and, after them, every
+CPU backend's kernels (:mod:`.cpu_impls`, the generated fused loops) and, after them, every
 op's numpy reference, so it runs every op; a view op (reshape, transpose, ...) runs on ``cpu`` as
 its numpy view, with no buffer and no copy. ``cpu-numba`` and ``cuda`` hold the kernels that
 ``mlsys_lab.kernels`` registers. ``npu`` is a simulated accelerator for teaching: float16-only
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import GraphError, MLSysError, UnknownNameError
-from . import cpu_kernels, dtypes
+from . import cpu_impls, dtypes
 from .dispatch import apply
 from .graph import Graph, Node, Value
 from .registry import REGISTRY, AVal, Kernel, defop, get, register_impl
@@ -111,28 +111,14 @@ DEVICES = {
 
 
 def device(name):
-    """The :class:`Device` called ``name`` (registering kernels of mlsys_lab.kernels first).
+    """The :class:`Device` called ``name``.
 
     Raises:
         UnknownNameError: no device has that name; the message lists the known ones.
     """
-    _load_kernel_registrations()
     if not isinstance(name, str) or name not in DEVICES:
         raise UnknownNameError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}")
     return DEVICES[name]
-
-
-_loaded = False
-
-
-def _load_kernel_registrations():
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        try:
-            from ..kernels import registration  # noqa: F401  (registers numba kernels)
-        except ImportError:
-            pass
 
 
 # --- the copy op --------------------------------------------------------------------------------
@@ -154,7 +140,7 @@ def _copy_jvp(ts, xs, y, src, dst):
 
 COPY = REGISTRY.get("copy") or defop("copy", compute=_copy_np, infer=_copy_infer, vjp=_copy_vjp,
                                       jvp=_copy_jvp)
-register_impl("copy", "cpu", cpu_kernels.copyto_out, name="numpy.copyto")
+register_impl("copy", "cpu", cpu_impls.copyto_out, name="numpy.copyto")
 
 
 # --- the simulated npu's kernels ----------------------------------------------------------------

@@ -83,3 +83,10 @@ def reduced_shape(shape, axes, keepdims):
 def conv_out_size(size, k, stride, pad):
     """Output length of a window of size ``k`` sliding with ``stride`` over ``size + 2 pad``."""
     return (size + 2 * pad - k) // stride + 1
+
+
+def expect_shape(op, what, got, want):
+    """ShapeError unless ``got == want``: a gradient op's cotangent must have the shape of the
+    forward result it is the gradient of."""
+    if tuple(got) != tuple(want):
+        raise ShapeError(f"{op}: {what} must have shape {tuple(want)}, got {tuple(got)}")

@@ -26,9 +26,9 @@ from .dispatch import (  # noqa: F401 - re-exported: the engine's and notebooks'
     is_grad_enabled,
     no_grad,
     run_kernel,
-    track_memory,
 )
 from .registry import AVal
+from .source import user_source_line
 
 
 class Tensor:
@@ -208,8 +208,6 @@ class Tensor:
 
 
 def _where(t):
-    from .graph import user_source_line
-
     v = getattr(t, "_value", None)
     node = getattr(v, "producer", None)
     here = user_source_line()

@@ -7,9 +7,10 @@ on a traced value raises a TraceError pointing to :func:`cond`, which records bo
 import numpy as np
 
 from ..errors import DTypeError, ShapeError, TraceError
-from .graph import Graph, Node, Value, name_generator, user_source_line
+from .graph import Graph, Node, Value, name_generator
 from .pytree import flatten, unflatten
 from .registry import AVal
+from .source import user_source_line
 from .tensor import MODE, Tensor, as_tensor
 
 

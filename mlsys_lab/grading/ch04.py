@@ -51,7 +51,7 @@ def _rule_specs() -> tuple[str, ...]:
 #: op's VJP/JVP rule and the broadcasting rule ``unbroadcast``.
 AUTODIFF = (
     "mlsys_lab.engine.autodiff",
-    "mlsys_lab.engine.transform",
+    "mlsys_lab.engine.autodiff_graph",
     "mlsys_lab.engine.tensor:Tensor.backward",
     "mlsys_lab.engine.ops_math:unbroadcast",
     *_rule_specs(),
@@ -848,7 +848,7 @@ register(
         task="the unrolling (copying the body's nodes per iteration)",
         forbidden=(
             "mlsys_lab.engine.trace",
-            "mlsys_lab.engine.transform",
+            "mlsys_lab.engine.autodiff_graph",
             "mlsys_lab.engine.graph:Graph.copy",
             "mlsys_lab.engine.passes.rewrite:Rewriter",
             "mlsys_lab.engine.passes.rewrite:clone",

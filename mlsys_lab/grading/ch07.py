@@ -305,7 +305,7 @@ def _shared_graph():
 
 
 def _random_graphs(seed):
-    from mlsys_lab.engine.passes.testing import random_graph
+    from mlsys_lab.engine.random_graphs import random_graph
 
     return [random_graph((seed % 100_000) * 25 + i, n_nodes=14) for i in range(25)]
 
@@ -316,7 +316,7 @@ def _random_graphs(seed):
 def _pass_raw(cancel, graph, args):
     """What the pass returned, as data: its type, nodes, lint verdict and outputs."""
     from mlsys_lab.engine.graph import Graph
-    from mlsys_lab.engine.passes.testing import run_graph
+    from mlsys_lab.engine.runtime import run_graph
 
     out = cancel(graph)
     raw = {"input_after": graph.pretty(), "same_object": out is graph, "type": type(out).__name__}
@@ -354,7 +354,7 @@ def _ct_random_probe(cancel, seed):
 
 def _judge_pass(raw, graph, args, what):
     """Check one pass result; return its node list [(op, axes)]."""
-    from mlsys_lab.engine.passes.testing import run_graph
+    from mlsys_lab.engine.runtime import run_graph
 
     if not isinstance(raw, dict) or "type" not in raw:
         raise AssertionError(f"{what}: the check got {describe(raw)}")
@@ -529,7 +529,7 @@ def _two_matmuls():
 
 def _random_schedule_cases(seed):
     """(graph, workers, cost, label) for the random-graph case."""
-    from mlsys_lab.engine.passes.testing import random_graph
+    from mlsys_lab.engine.random_graphs import random_graph
 
     base = (seed % 100_000) * 12
     out = []
@@ -852,11 +852,11 @@ register(
             "mlsys_lab.engine.memory:greedy_by_breadth",
             "mlsys_lab.engine.memory:local_search",
             "mlsys_lab.engine.memory:two_cursor",
-            "mlsys_lab.engine.memory:_place",
-            "mlsys_lab.engine.memory:_Placed",
-            "mlsys_lab.engine.memory:_best",
-            "mlsys_lab.engine.memory:_lowest_fit",
-            "mlsys_lab.engine.memory:_smallest_fit",
+            "mlsys_lab.engine.memory.strategies:_place",
+            "mlsys_lab.engine.memory.strategies:_Placed",
+            "mlsys_lab.engine.memory.strategies:_best",
+            "mlsys_lab.engine.memory.strategies:_lowest_fit",
+            "mlsys_lab.engine.memory.strategies:_smallest_fit",
         ),
         cases=(
             Case("the 7-tensor example (scaled, renamed) fits in 10 units", 2,

@@ -31,23 +31,45 @@ still work but are *legacy*: their verdict comes from the kernel, so the grader 
 (``Case.legacy``; ``legacy_cases()`` lists them). Convert them to probe/judge pairs.
 """
 
+
 from __future__ import annotations
 
-import inspect
 import json
-import math
-import numbers
 import os
-import re
-import reprlib
 import sys
-import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
-import numpy as np
-
-from mlsys_lab.grading.wire import Opaque, Raised, raised
+from mlsys_lab.grading.exercise import (  # noqa: F401 - the exercise records are public here too
+    _GRADING_DIR,
+    EXERCISES,
+    MARKER,
+    Case,
+    CaseResult,
+    CheckResult,
+    Exercise,
+    UnknownExerciseError,
+    _id_key,
+    _load_chapter,
+    _lookup,
+    _run_case,
+    _takes_seed,
+    _where_in_student_code,
+    attempt,
+    chapter_of,
+    describe,
+    describe_error,
+    exercises_for_chapter,
+    expect_close,
+    expect_equal,
+    fmt_points,
+    get_exercise,
+    legacy_cases,
+    plain,
+    register,
+)
+from mlsys_lab.grading.judge import judge_exercise
+from mlsys_lab.grading.probe import run_exercise
+from mlsys_lab.grading.wire import Opaque, Raised, raised  # noqa: F401 - public here too
 
 __all__ = [
     "Case",
@@ -75,301 +97,6 @@ __all__ = [
     "run_cases_json",
 ]
 
-#: Default prefix of the line ``run_cases_json`` prints (the grader passes its own random one).
-MARKER = "__MLSYS_LAB_GRADE__"
-
-_GRADING_DIR = os.path.dirname(os.path.abspath(__file__))
-_short_repr = reprlib.Repr()
-_short_repr.maxstring = 80
-_short_repr.maxother = 80
-_short_repr.maxlist = _short_repr.maxtuple = _short_repr.maxdict = 8
-
-
-def _takes_seed(fn: Callable | None) -> bool:
-    try:
-        return fn is not None and "seed" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin without a signature
-        return False
-
-
-@dataclass(frozen=True)
-class Case:
-    """One test of an answer: a probe (kernel side) and a judge (trusted side).
-
-    Attributes:
-        name: what the case tests, shown in the report (``"fib(10) == 55"``); unique within
-            its exercise.
-        points: points awarded when the case passes.
-        fn: legacy only — ``fn(*answers)`` computing the verdict in the kernel; use probe/judge.
-        feedback: what was expected, shown when the judge fails without a message of its own.
-        probe: ``probe(*answers[, seed])`` -> plain data; runs the student's code, in the kernel.
-        judge: ``judge(raw[, seed])``; returns ``None`` to pass, raises ``AssertionError`` to fail.
-    """
-
-    name: str
-    points: float
-    fn: Callable[..., None] | None = None
-    feedback: str = ""
-    probe: Callable[..., Any] | None = field(default=None, kw_only=True)
-    judge: Callable[..., None] | None = field(default=None, kw_only=True)
-
-    def __post_init__(self):
-        if self.fn is None and (self.probe is None or self.judge is None):
-            raise ValueError(f"case {self.name!r} needs both a probe and a judge")
-        if self.fn is not None and (self.probe is not None or self.judge is not None):
-            raise ValueError(f"case {self.name!r}: give either fn (legacy) or probe and judge")
-
-    @property
-    def legacy(self) -> bool:
-        """True for an old-style case whose verdict is computed in the student's kernel."""
-        return self.fn is not None
-
-    @property
-    def seeded(self) -> bool:
-        """True when the probe or the judge takes a ``seed`` (fresh inputs each run)."""
-        return _takes_seed(self.probe) or _takes_seed(self.judge)
-
-
-@dataclass(frozen=True)
-class Exercise:
-    """A graded exercise: an id like ``"4.1"``, a title, its cases and the name(s) it grades.
-
-    ``target`` names the student's object(s) in the notebook namespace — one name
-    (``"topological_sort"``) or a tuple of names; a name may be dotted (``"Planner.plan"``).
-    The probes receive the objects in that order.
-
-    ``forbidden`` lists the library functions that would solve the exercise, as
-    ``"module:qualname"`` specs (``"mlsys_lab.engine.schedule:kahn"``,
-    ``"mlsys_lab.engine.graph:Graph.dependency"``, a class for all its methods, a bare module
-    for all its functions); they refuse to run while a probe runs. ``task`` completes the
-    refusal "this exercise asks you to write <task> yourself" (default: the target names).
-    """
-
-    id: str
-    title: str
-    cases: tuple[Case, ...]
-    target: str | tuple[str, ...]
-    forbidden: tuple[str, ...] = ()
-    task: str = ""
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        """The target names as a tuple."""
-        return (self.target,) if isinstance(self.target, str) else tuple(self.target)
-
-    @property
-    def max_points(self) -> float:
-        """Total points of all cases."""
-        return sum(case.points for case in self.cases)
-
-
-@dataclass
-class CaseResult:
-    """The outcome of one case: passed or not, points earned, and feedback when it failed."""
-
-    name: str
-    points: float
-    max: float
-    passed: bool
-    feedback: str = ""
-    trusted: bool = True  # False: a legacy case, whose verdict came from the student's kernel
-
-
-@dataclass
-class CheckResult:
-    """The outcome of checking one exercise: ``score`` out of ``max``, one row per case."""
-
-    exercise: str
-    title: str
-    score: float
-    max: float
-    rows: list[CaseResult] = field(default_factory=list)
-    seed: int | None = None  # the seed of the inputs, when a case draws random ones
-    _printed: bool = field(default=False, repr=False, compare=False)
-
-    @property
-    def passed(self) -> bool:
-        """True when every case passed."""
-        return all(row.passed for row in self.rows) and bool(self.rows)
-
-    def report(self) -> str:
-        """The per-case report as text (what ``check`` prints)."""
-        lines = [f"Exercise {self.exercise} — {self.title}"]
-        width = max([len(row.name) for row in self.rows] + [10])
-        for row in self.rows:
-            mark = "✓" if row.passed else "✗"
-            pts = f"{fmt_points(row.points)}/{fmt_points(row.max)}"
-            line = f"  {mark} {row.name:<{width}}  {pts:>7}"
-            if not row.passed and row.feedback:
-                line += f"  {row.feedback}"
-            lines.append(line)
-        verdict = "all cases passed" if self.passed else "keep going"
-        lines.append(f"  Score: {fmt_points(self.score)}/{fmt_points(self.max)} ({verdict})")
-        if not self.passed and self.seed is not None:
-            lines.append(f"  (random inputs drawn with seed={self.seed}; pass seed={self.seed} to "
-                         f"check to repeat them)")
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data, ready for ``json.dumps``."""
-        return {
-            "exercise": self.exercise,
-            "title": self.title,
-            "score": self.score,
-            "max": self.max,
-            "seed": self.seed,
-            "rows": [vars(row).copy() for row in self.rows],
-        }
-
-    def _ipython_display_(self) -> None:
-        # ``check`` has already printed the report; showing the returned object as the cell's
-        # Out[] would repeat it. Displayed later on its own (``result``), it shows the report.
-        if not self._printed:
-            print(self.report())
-        self._printed = False
-
-
-class UnknownExerciseError(KeyError):
-    """No exercise has this id (or its chapter module does not exist)."""
-
-    def __str__(self) -> str:  # KeyError would show the message in quotes
-        return str(self.args[0]) if self.args else ""
-
-
-#: Every registered exercise by id; filled by the chapter modules as they are imported.
-EXERCISES: dict[str, Exercise] = {}
-
-
-def register(*exercises: Exercise) -> None:
-    """Add exercises to the registry (chapter modules call this at import time)."""
-    for exercise in exercises:
-        if not re.fullmatch(r"\d+\.\d+[a-z]?", exercise.id):
-            raise ValueError(f"exercise id {exercise.id!r} is not of the form '4.1'")
-        if not exercise.cases:
-            raise ValueError(f"exercise {exercise.id} has no cases")
-        names = [case.name for case in exercise.cases]
-        if len(set(names)) != len(names):
-            raise ValueError(f"exercise {exercise.id} has two cases with the same name")
-        EXERCISES[exercise.id] = exercise
-
-
-def legacy_cases() -> list[tuple[str, str]]:
-    """``(exercise id, case name)`` of every registered old-style case (verdict in the kernel)."""
-    return [(e.id, c.name) for e in EXERCISES.values() for c in e.cases if c.legacy]
-
-
-def chapter_of(exercise_id: str) -> int:
-    """The chapter number of an exercise id: ``chapter_of("4.1") == 4``."""
-    match = re.match(r"(\d+)\.", str(exercise_id))
-    if not match:
-        raise UnknownExerciseError(f"exercise id {exercise_id!r} is not of the form '4.1'")
-    return int(match.group(1))
-
-
-def _load_chapter(chapter: int) -> None:
-    module = f"mlsys_lab.grading.ch{chapter:02d}"
-    try:
-        # ``__import__`` rather than importlib: under the grader this module runs as a private
-        # copy whose ``__import__`` loads the chapter from the source the grader sent.
-        __import__(module, fromlist=["__name__"])
-    except ModuleNotFoundError as error:
-        if error.name != module:  # the chapter module exists but one of its imports is missing
-            raise
-        raise UnknownExerciseError(
-            f"chapter {chapter} has no exercise checks (no module {module})"
-        ) from None
-
-
-def get_exercise(exercise_id: str) -> Exercise:
-    """The registered exercise with this id, importing its chapter module if needed.
-
-    Raises:
-        UnknownExerciseError: (a ``KeyError``) when the chapter or the exercise does not exist.
-    """
-    exercise_id = str(exercise_id)
-    if exercise_id not in EXERCISES:
-        chapter = chapter_of(exercise_id)
-        _load_chapter(chapter)
-        if exercise_id not in EXERCISES:
-            known = ", ".join(e.id for e in exercises_for_chapter(chapter)) or "none"
-            raise UnknownExerciseError(
-                f"no exercise {exercise_id!r} in chapter {chapter} (known: {known})"
-            )
-    return EXERCISES[exercise_id]
-
-
-def _id_key(exercise_id: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", exercise_id) if p)
-
-
-def exercises_for_chapter(chapter: int) -> list[Exercise]:
-    """All exercises of a chapter, in id order (``4.2`` before ``4.10``)."""
-    try:
-        _load_chapter(chapter)
-    except UnknownExerciseError:
-        return []
-    found = [e for e in EXERCISES.values() if chapter_of(e.id) == chapter]
-    return sorted(found, key=lambda e: _id_key(e.id))
-
-
-# ----------------------------------------------------------------------------- running cases
-
-
-def fmt_points(points: float) -> str:
-    """``3.0 -> '3'``, ``2.5 -> '2.5'``."""
-    return str(int(points)) if float(points).is_integer() else f"{points:g}"
-
-
-def _where_in_student_code(tb) -> str:
-    """' (line 3, in fib)' for the innermost frame outside the grading package, or ''."""
-    for frame in reversed(traceback.extract_tb(tb)):
-        if not os.path.abspath(frame.filename).startswith(_GRADING_DIR):
-            return f" (line {frame.lineno}, in {frame.name})"
-    return ""
-
-
-def describe_error(error: BaseException) -> str:
-    """How a failed case reports an exception from the student's code: type, message, line."""
-    if isinstance(error, SystemExit):
-        return f"your code called sys.exit({_short_repr.repr(error.code)})"
-    where = _where_in_student_code(error.__traceback__)
-    try:
-        text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-    except Exception:  # the student's exception cannot print itself
-        text = ""
-    return f"raised {type(error).__name__}{': ' + text if text else ''}{where}"
-
-
-def _run_case(case: Case, answers: Sequence[Any]) -> CaseResult:
-    """Run a legacy case (verdict computed here, in the kernel)."""
-    try:
-        case.fn(*answers)
-    except AssertionError as error:
-        message = str(error) or case.feedback or "check failed"
-        return CaseResult(case.name, 0, case.points, False, message, trusted=False)
-    except KeyboardInterrupt:  # Ctrl-C (or the grader's interrupt) must stop the check
-        raise
-    except BaseException as error:  # the student's code raised (or called sys.exit)
-        return CaseResult(case.name, 0, case.points, False, describe_error(error), trusted=False)
-    return CaseResult(case.name, case.points, case.points, True, "", trusted=False)
-
-
-def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """For probes: ``fn(*args, **kwargs)``, or a ``Raised`` record if it raised an exception.
-
-    Use it where raising is a legitimate answer (``mean([])`` must raise ``ValueError``); the
-    judge then tests ``isinstance(raw, Raised) and raw.is_a("ValueError")``. A refusal of the
-    guard is never turned into a value.
-    """
-    from mlsys_lab.grading.guard import OffLimitsError
-
-    try:
-        return fn(*args, **kwargs)
-    except OffLimitsError:
-        raise
-    except Exception as error:
-        return raised(error)
-
 
 def run_cases(exercise_id: str, *answers: Any, seed: int | None = None) -> CheckResult:
     """Probe and judge every case of an exercise here, on the given answer object(s).
@@ -377,9 +104,6 @@ def run_cases(exercise_id: str, *answers: Any, seed: int | None = None) -> Check
     Prints nothing. The probes' results make the same round trip through the wire as under
     the grader, so the judges see exactly what they would see there.
     """
-    from mlsys_lab.grading.judge import judge_exercise
-    from mlsys_lab.grading.probe import run_exercise
-
     exercise = get_exercise(exercise_id)
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little") % 1_000_000
@@ -413,15 +137,6 @@ def check(exercise_id: str, *answer: Any, seed: int | None = None) -> CheckResul
     return result
 
 
-def _lookup(namespace: dict[str, Any], target: str) -> Any:
-    head, *rest = target.split(".")
-    if head not in namespace:
-        raise NameError(f"`{head}` is not defined — did you run the cell with your answer?")
-    obj = namespace[head]
-    for attr in rest:
-        obj = getattr(obj, attr)
-    return obj
-
 
 def run_cases_json(exercise_id: str, namespace: dict[str, Any], marker: str = MARKER) -> dict:
     """Check the answer found in ``namespace`` here and print the result as one JSON line.
@@ -448,59 +163,3 @@ def run_cases_json(exercise_id: str, namespace: dict[str, Any], marker: str = MA
     sys.stdout.write(f"\n{marker}{line}\n")
     sys.stdout.flush()
     return payload
-
-
-# ----------------------------------------------------------------------------- helpers for cases
-
-
-def plain(value: Any) -> Any:
-    """numpy scalars in a result as Python numbers (lists, tuples and dicts walked through), so
-    a judge compares numbers with numbers."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if type(value) is list:
-        return [plain(v) for v in value]
-    if type(value) is tuple:
-        return tuple(plain(v) for v in value)
-    if type(value) is dict:
-        return {plain(k): plain(v) for k, v in value.items()}
-    return value
-
-
-def describe(value: Any) -> str:
-    """``"int 3"``, ``"Liar <Liar object>"``, ``"an exception (...)"``: for judges' messages."""
-    if isinstance(value, Opaque):
-        return f"{value.type_name} {value.text}"
-    if isinstance(value, Raised):
-        return f"an exception ({value})"
-    return f"{type(value).__name__} {_short_repr.repr(value)}"
-
-
-def expect_equal(actual: Any, expected: Any, what: str) -> None:
-    """Assert ``actual == expected`` with a readable message.
-
-    Numbers are compared as numbers (a ``bool`` or an object whose ``__eq__`` always returns
-    True does not pass for an ``int``), sequences element by element.
-    """
-    if isinstance(expected, numbers.Number) and not isinstance(expected, bool):
-        if isinstance(actual, bool) or not isinstance(actual, numbers.Number):
-            raise AssertionError(f"{what} should be a number, got {describe(actual)}")
-        ok = bool(actual == expected)
-    elif isinstance(expected, (list, tuple)):
-        ok = isinstance(actual, (list, tuple)) and len(actual) == len(expected)
-        pairs = zip(actual, expected, strict=False)
-        ok = ok and all(type(a) is type(b) and bool(a == b) for a, b in pairs)
-    else:
-        ok = type(actual) is type(expected) and bool(actual == expected)
-    if not ok:
-        raise AssertionError(
-            f"{what} returned {_short_repr.repr(actual)}, expected {_short_repr.repr(expected)}"
-        )
-
-
-def expect_close(actual: Any, expected: float, what: str, rel: float = 1e-9, abs_: float = 1e-12):
-    """Assert a number is within tolerance of ``expected`` with a readable message."""
-    if isinstance(actual, bool) or not isinstance(actual, numbers.Real):
-        raise AssertionError(f"{what} should be a number, got {describe(actual)}")
-    if not math.isclose(float(actual), expected, rel_tol=rel, abs_tol=abs_):
-        raise AssertionError(f"{what} returned {actual!r}, expected {expected!r}")

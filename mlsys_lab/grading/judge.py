@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlsys_lab.grading.checks import CaseResult, CheckResult, Exercise, _takes_seed
+from mlsys_lab.grading.exercise import CaseResult, CheckResult, Exercise, _takes_seed
 from mlsys_lab.grading.wire import WireError, decode
 
 __all__ = ["judge_exercise"]

@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from mlsys_lab.grading.checks import _lookup, _run_case, _takes_seed, describe_error, get_exercise
+from mlsys_lab.grading.exercise import _lookup, _run_case, _takes_seed, describe_error, get_exercise
 from mlsys_lab.grading.guard import Guard, OffLimitsError, plan_for
 from mlsys_lab.grading.wire import MAX_BYTES, WireError, encode
 

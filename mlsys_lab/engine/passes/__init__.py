@@ -7,17 +7,11 @@
 Frontend: constant folding, dead code elimination, common subexpression elimination, algebraic
 simplification. Backend: transpose cancelling, Concat splitting, NCHW -> NHWC layout
 transformation, precision lowering, elementwise fusion (one generated Numba kernel) and
-matmul/conv + bias + activation fusion.
+matmul/conv + bias + activation fusion (all fusion under :mod:`.fusion`).
 """
 
-from .backend import (
-    cancel_transposes,
-    fuse_gemm_accumulate,
-    fuse_matmul_bias_act,
-    layout_transform,
-    lower_precision,
-    split_concat,
-)
+from .backend import cancel_transposes, layout_transform, lower_precision, split_concat
+from .catalog import FRONTEND, PASSES, default_pipeline
 from .frontend import (
     algebraic_simplification,
     common_subexpression_elimination,
@@ -26,28 +20,9 @@ from .frontend import (
     dce,
     dead_code_elimination,
 )
-from .fusion import fuse_elementwise
+from .fusion import fuse_elementwise, fuse_gemm_accumulate, fuse_matmul_bias_act
 from .pipeline import PipelineResult, Stage, as_pass, pipeline, run_pipeline
 from .rewrite import Pass, Rewriter, clone, graph_pass
-
-#: Every pass by name (pipelines accept these names).
-PASSES = {p.name: p for p in (
-    constant_folding, dead_code_elimination, common_subexpression_elimination,
-    algebraic_simplification, cancel_transposes, split_concat, layout_transform,
-    lower_precision, fuse_elementwise, fuse_matmul_bias_act, fuse_gemm_accumulate)}
-PASSES.update(cse=cse, dce=dce)
-
-#: The frontend clean-up most pipelines start with.
-FRONTEND = (constant_folding, algebraic_simplification, common_subexpression_elimination,
-            dead_code_elimination)
-
-
-def default_pipeline():
-    """What ``ml.compile`` runs by default: the frontend clean-up, transpose cancelling, then
-    matmul/conv + bias + ReLU fusion, GEMM accumulation and elementwise fusion."""
-    return [*FRONTEND, cancel_transposes, fuse_matmul_bias_act, fuse_gemm_accumulate,
-            fuse_elementwise, dead_code_elimination]
-
 
 __all__ = [
     "default_pipeline", "FRONTEND", "PASSES", "Pass", "PipelineResult", "Rewriter", "Stage",

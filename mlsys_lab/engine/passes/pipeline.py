@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 from ...errors import DTypeError, GraphError, UnknownNameError
 from ..graph import Graph
+from .catalog import PASSES
 from .rewrite import Pass
 
 
@@ -52,8 +53,6 @@ def as_pass(p):
     if isinstance(p, Pass):
         return p
     if isinstance(p, str):
-        from . import PASSES
-
         if p not in PASSES:
             raise UnknownNameError(f"no pass named {p!r}; known passes: {', '.join(PASSES)}")
         return PASSES[p]

@@ -18,10 +18,10 @@ import math
 
 import numpy as np
 
-from .. import dtypes
-from ..registry import REGISTRY, AVal, defop, get, register_impl
-from ..tensor import run_kernel
-from .rewrite import Rewriter, graph_pass
+from ... import dtypes
+from ...registry import REGISTRY, AVal, defop, get, register_impl
+from ...tensor import run_kernel
+from ..rewrite import Rewriter, graph_pass
 
 #: Generated kernels by (program, input kinds, dtype): each is compiled once.
 KERNEL_CACHE = {}
