@@ -40,6 +40,7 @@ from .engine.ops_nn import (
                               conv2d,
                               cross_entropy,
                               dropout,
+                              get_rng_state,
                               layer_norm,
                               log_softmax,
                               manual_seed,
@@ -47,6 +48,7 @@ from .engine.ops_nn import (
                               mse_loss,
                               one_hot,
                               rng_seed,
+                              set_rng_state,
                               softmax,
 )
 from .engine.ops_shape import (
@@ -71,7 +73,8 @@ embedding = take
 __all__ = [
     "abs", "add", "argmax", "avg_pool2d", "batch_norm", "broadcast_to", "cast", "concatenate",
     "cond", "conv2d", "cos", "cross_entropy", "div", "dropout", "embedding", "eq", "exp", "ge",
-    "getitem", "gt", "identity", "layer_norm", "le", "log", "log_softmax", "lt", "manual_seed",
+    "get_rng_state", "getitem", "gt", "identity", "layer_norm", "le", "log", "log_softmax", "lt",
+    "manual_seed", "set_rng_state",
     "matmul", "max", "max_pool2d", "maximum", "mean", "minimum", "mse_loss", "mul", "ne", "neg",
     "one_hot", "pad", "pow", "relu", "reshape", "rng_seed", "sigmoid", "sign", "sin", "softmax",
     "sqrt", "stack", "sub", "sum", "take", "tanh", "transpose", "where",

@@ -155,3 +155,21 @@ def test_embedding_and_layernorm_layers():
     y = ln(x).numpy()
     np.testing.assert_allclose(y.mean(axis=1), 0, atol=1e-6)
     np.testing.assert_allclose(y.std(axis=1), 1, atol=1e-3)
+
+
+def test_checkpoint_keeps_ints_past_int64_and_generator_states(tmp_path):
+    """A PCG64 state holds 128-bit ints: they come back exactly, as ints, and so does the
+    dropout generator's state (a wrong round trip would give different masks after resuming)."""
+    gen = np.random.default_rng(2**100)
+    path = tmp_path / "rng.npz"
+    ml.ops.manual_seed(3)
+    ml.save({"gen": gen.bit_generator.state, "big": -(2**70), "drop": ml.ops.get_rng_state()},
+            path)
+    expected = [ml.ops.rng_seed() for _ in range(3)]
+    back = ml.load(path)
+    assert back["gen"] == gen.bit_generator.state and back["big"] == -(2**70)
+    assert isinstance(back["gen"]["state"]["state"], int)
+    ml.ops.set_rng_state(back["drop"])
+    assert [ml.ops.rng_seed() for _ in range(3)] == expected
+    with pytest.raises(ml.ArgumentError, match="PCG64"):
+        ml.ops.set_rng_state({"bit_generator": "MT19937"})

@@ -555,6 +555,27 @@ def manual_seed(seed):
     _rng = np.random.default_rng(s % 2**64)
 
 
+def get_rng_state():
+    """The state of the generator ``manual_seed`` resets, as a dict of plain ints and strings
+    (``ml.save`` stores it), for checkpoints that must resume the same dropout masks."""
+    return _rng.bit_generator.state
+
+
+def set_rng_state(state):
+    """Restore a state from :func:`get_rng_state`.
+
+    Raises:
+        ArgumentError: ``state`` is not a state of numpy's PCG64 generator.
+    """
+    global _rng
+    rng = np.random.default_rng()
+    try:
+        rng.bit_generator.state = state
+    except (TypeError, ValueError, KeyError) as e:
+        raise ArgumentError(f"set_rng_state: not a PCG64 generator state ({e})") from None
+    _rng = rng
+
+
 def rng_seed():
     """A fresh int64 seed from the generator ``manual_seed`` resets.
 

@@ -36,6 +36,9 @@ def _flatten(obj, prefix, arrays, kinds):
         arrays[prefix], kinds[prefix] = obj, "array"
     elif isinstance(obj, (bool, np.bool_)):
         arrays[prefix], kinds[prefix] = np.asarray(obj), "bool"
+    elif isinstance(obj, (int, np.integer)) and not -2**63 <= int(obj) < 2**63:
+        # An int past int64 (a PCG64 generator's state) is kept exactly, as its decimal digits.
+        arrays[prefix], kinds[prefix] = np.asarray(str(int(obj))), "bigint"
     elif isinstance(obj, (int, np.integer)):
         arrays[prefix], kinds[prefix] = np.asarray(obj, np.int64), "int"
     elif isinstance(obj, (float, np.floating)):
@@ -113,7 +116,8 @@ def load(path):
     return out
 
 
-_SCALARS = {"int": ("iu", int), "float": ("fiu", float), "bool": ("b", bool), "str": ("U", str)}
+_SCALARS = {"int": ("iu", int), "bigint": ("U", int), "float": ("fiu", float), "bool": ("b", bool),
+            "str": ("U", str)}
 _EMPTY = {"none": lambda: None, "emptydict": dict}
 KINDS = ("array", *_SCALARS, *_EMPTY)
 
