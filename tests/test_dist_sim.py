@@ -1,0 +1,348 @@
+"""The discrete-event simulator: timing model, contention, topologies, deadlocks, errors,
+trace, failures, and the batched ring path against the message-by-message path."""
+
+import numpy as np
+import pytest
+
+from mlsys_lab.distributed import sim
+from mlsys_lab.distributed.collectives import allreduce
+from mlsys_lab.distributed.comm import (
+    CommTimeoutError,
+    DeadlockError,
+    DeviceFailure,
+    LinkFailure,
+)
+from mlsys_lab.errors import ArgumentError, DTypeError, ShapeError
+
+A, B = 5e-6, 1 / 25e9
+
+
+def shift(comm, x):
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    got = yield comm.sendrecv(x, dst=right, src=left)
+    yield comm.compute(flops=2 * x.size)
+    return x + got
+
+
+def ring_allreduce(comm, x):
+    return (yield from allreduce(comm, x, algo="ring"))
+
+
+def test_contract_example_values_and_time():
+    p, n = 4, 1000
+    xs = [np.full(n, float(r)) for r in range(p)]
+    res = sim.run(sim.Cluster(sim.ring(p, A, B, flops=1e12)), shift, args=[(x,) for x in xs])
+    for r in range(p):
+        np.testing.assert_array_equal(res.results[r], xs[r] + xs[(r - 1) % p])
+    assert res.time == pytest.approx(A + 8 * n * B + 2 * n / 1e12, rel=1e-12)
+    kinds = sorted({e.kind for e in res.trace})
+    assert kinds == ["compute", "recv", "send"]
+    send = next(e for e in res.trace if e.kind == "send" and e.rank == 0)
+    assert (send.src, send.dst, send.bytes, send.link) == (0, 1, 8 * n, ("dev0->dev1",))
+
+
+def test_send_recv_fifo_tags_copies_and_out():
+    def prog(comm):
+        if comm.rank == 0:
+            a = np.arange(3.0)
+            yield comm.send(a, 1, tag=0)
+            a[:] = -1  # the receiver got a copy at send time
+            yield comm.send(np.array([10.0]), 1, tag=0)
+            yield comm.send(np.array([7.0]), 1, tag=5)
+            return None
+        late = yield comm.recv(0, tag=5)  # tags match independently of order
+        first = yield comm.recv(0, tag=0)
+        buf = np.zeros(1)
+        second = yield comm.recv(0, tag=0, out=buf)
+        return late, first, second, buf
+
+    res = sim.run(sim.Cluster(sim.fully_connected(2, A, B)), prog)
+    late, first, second, buf = res.results[1]
+    np.testing.assert_array_equal(first, [0.0, 1.0, 2.0])
+    assert late[0] == 7.0 and second is buf and buf[0] == 10.0
+    assert res.messages == 3 and res.unmatched == []
+
+
+def test_send_is_blocking_for_the_sender_and_eager():
+    n = 10_000
+
+    def prog(comm):
+        if comm.rank == 0:
+            yield comm.send(np.zeros(n), 1)
+            return comm.now()
+        yield comm.compute(seconds=1.0)  # the message waits in the mailbox
+        yield comm.recv(0)
+        return comm.now()
+
+    res = sim.run(sim.Cluster(sim.ring(2, A, B)), prog)
+    assert res.results[0] == pytest.approx(A + 8 * n * B)
+    assert res.results[1] == pytest.approx(1.0)
+
+
+def test_full_duplex_and_contention_on_shared_link():
+    n = 1 << 20
+    topo = sim.tree(4, fanout=2, alpha=A, beta=B)  # 0,1 | 2,3 under two switches, one root
+
+    def swap(comm):
+        if comm.rank in (0, 2):
+            yield comm.sendrecv(np.zeros(n, np.uint8), 2 - comm.rank, 2 - comm.rank)
+
+    def cross(comm, pairs):
+        for src, dst in pairs:
+            if comm.rank == src:
+                yield comm.send(np.zeros(n, np.uint8), dst)
+            if comm.rank == dst:
+                yield comm.recv(src)
+        return comm.now()
+
+    hops = 4 * A  # dev -> switch -> root -> switch -> dev
+    duplex = sim.run(sim.Cluster(topo), swap)  # opposite directions do not contend
+    assert duplex.time == pytest.approx(hops + n * B)
+    shared = sim.run(sim.Cluster(topo), cross, args=[([(0, 2), (1, 3)],)] * 4)
+    # 0->2 and 1->3 both need sw1.0 -> sw2.0: FIFO, the second starts when the first ends
+    assert sorted(shared.rank_time)[-1] == pytest.approx(hops + 2 * n * B)
+    assert shared.link_busy["sw1.0->sw2.0"] == pytest.approx(2 * n * B)
+
+
+def test_two_level_nvlink_ib_and_oversubscription():
+    n = 1 << 22
+
+    def all_send_to_next_server(comm, g):
+        dst, src = (comm.rank + g) % comm.size, (comm.rank - g) % comm.size
+        yield comm.sendrecv(np.zeros(n, np.uint8), dst, src)
+        return comm.now()
+
+    def intra(comm):
+        if comm.rank in (0, 1):
+            yield comm.sendrecv(np.zeros(n, np.uint8), 1 - comm.rank, 1 - comm.rank)
+        return comm.now()
+
+    nv_beta, ib_beta = 1 / 300e9, 1 / 25e9
+    kw = dict(nvlink_alpha=2e-6, nvlink_beta=nv_beta, ib_alpha=5e-6, ib_beta=ib_beta)
+    topo = sim.two_level(4, 2, servers_per_tor=1, oversubscription=1.0, **kw)
+    assert sim.run(sim.Cluster(topo), intra).time == pytest.approx(2e-6 + n * nv_beta)
+    full = sim.run(sim.Cluster(topo), all_send_to_next_server, args=[(2,)] * 8).time
+    assert full == pytest.approx(5e-6 + n * ib_beta)  # uplink = 2 NICs' bandwidth, 2 flows
+    over = sim.two_level(4, 2, servers_per_tor=1, oversubscription=4.0, **kw)
+    slow = sim.run(sim.Cluster(over), all_send_to_next_server, args=[(2,)] * 8).time
+    # the uplink carries 2 NICs / 4 = half a NIC: each flow runs at 1/2 NIC, and they queue
+    assert slow == pytest.approx(5e-6 + 2 * (n * 2 * ib_beta), rel=1e-9)
+    assert over.route(0, 2) != over.route(0, 1)
+
+
+def test_deadlock_names_every_blocked_rank():
+    def both_receive(comm):
+        yield comm.recv((comm.rank + 1) % 2, tag=3)
+
+    with pytest.raises(DeadlockError) as info:
+        sim.run(sim.Cluster(sim.ring(2)), both_receive)
+    message = str(info.value)
+    assert "rank 0: recv(src=1, tag=3)" in message and "rank 1: recv(src=0, tag=3)" in message
+    assert set(info.value.blocked) == {0, 1}
+
+
+def test_mismatched_collective_call_is_a_deadlock_not_a_hang():
+    def prog(comm, x):
+        if comm.rank == 2:
+            return x
+        return (yield from allreduce(comm, x))
+
+    with pytest.raises(DeadlockError, match="collective"):
+        sim.run(sim.Cluster(sim.ring(4)), prog, args=[(np.ones(8),)] * 4, batched=False)
+    with pytest.raises(DeadlockError):  # the batched path falls back and reports the same
+        sim.run(sim.Cluster(sim.ring(4)), prog, args=[(np.ones(8),)] * 4, batched=True)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda c: c.send(np.ones(2), 5), "dst=5 is not a rank"),
+    (lambda c: c.recv(-1), "src=-1 is not a rank"),
+    (lambda c: c.send(np.ones(2), c.rank), "itself"),
+    (lambda c: c.send(np.ones(2), 1.0), "must be an int"),
+    (lambda c: c.recv(1, tag=-2), "tag=-2"),
+    (lambda c: c.compute(), "exactly one"),
+    (lambda c: c.compute(flops=-1), ">= 0"),
+    (lambda c: c.sendrecv(np.ones(2), 1, c.rank), "only both"),
+    (lambda c: c.sub([1, 1]), "repeat"),
+])
+def test_bad_arguments_are_library_errors(make, match):
+    def prog(comm):
+        if comm.rank == 0:
+            yield make(comm)
+        return None
+
+    with pytest.raises(ArgumentError, match=match):
+        sim.run(sim.Cluster(sim.ring(3)), prog)
+
+
+def test_run_checks_its_own_arguments():
+    cluster = sim.Cluster(sim.ring(2))
+    with pytest.raises(ArgumentError, match="2 ranks"):
+        sim.run(cluster, shift, args=[(np.ones(1),)])
+    with pytest.raises(ArgumentError, match="yielded int"):
+        sim.run(cluster, lambda comm: (yield 5))
+    with pytest.raises(ArgumentError, match="Cluster"):
+        sim.run("cluster", shift)
+    with pytest.raises(ArgumentError, match="Topology"):
+        sim.Cluster(4)
+    with pytest.raises(ArgumentError):
+        sim.ring(0)
+
+
+def test_receive_buffer_mismatch_is_a_shape_error():
+    def prog(comm):
+        if comm.rank == 0:
+            yield comm.send(np.ones(3), 1)
+        else:
+            yield comm.recv(0, out=np.zeros(4))
+
+    with pytest.raises(ShapeError, match="shape"):
+        sim.run(sim.Cluster(sim.ring(2)), prog)
+    with pytest.raises(ArgumentError, match="contiguous"):
+        sim.run(sim.Cluster(sim.ring(2)), lambda c: (yield c.recv(1 - c.rank, out=[0])))
+
+
+def test_collective_shape_and_dtype_mismatch_are_clear_errors():
+    for batched in (False, True):
+        with pytest.raises(ShapeError, match="same shape"):
+            sim.run(sim.Cluster(sim.ring(3)), ring_allreduce,
+                    args=[(np.ones(6),), (np.ones(6),), (np.ones(9),)], batched=batched)
+        with pytest.raises(DTypeError):
+            sim.run(sim.Cluster(sim.ring(3)), ring_allreduce,
+                    args=[(np.ones(6),), (np.ones(6, np.float32),), (np.ones(6),)],
+                    batched=batched)
+
+
+def test_time_and_wall_limits():
+    def forever(comm):
+        while True:
+            yield comm.compute(seconds=1.0)
+
+    with pytest.raises(CommTimeoutError, match="time_limit"):
+        sim.run(sim.Cluster(sim.ring(2)), forever, time_limit=50.0)
+    with pytest.raises(CommTimeoutError, match="wall_limit"):
+        sim.run(sim.Cluster(sim.ring(2)), forever, wall_limit=0.2)
+
+
+def test_device_and_link_failures_stop_the_run():
+    def work(comm):
+        for _ in range(10):
+            yield comm.compute(seconds=1.0)
+            yield from allreduce(comm, np.ones(4))
+
+    with pytest.raises(DeviceFailure) as info:
+        sim.run(sim.Cluster(sim.ring(4)), work, failures={2: 3.5})
+    assert info.value.rank == 2 and info.value.time == 3.5
+    with pytest.raises(LinkFailure) as info:
+        sim.run(sim.Cluster(sim.ring(4)), work, link_failures={(1, 2): 2.5})
+    assert info.value.link == (1, 2)
+
+
+def test_straggler_device_and_flops():
+    topo = sim.ring(3, flops=1e12)
+    topo.set_device(1, flops=1e11)
+
+    def prog(comm):
+        yield comm.compute(flops=1e12)
+        return comm.now()
+
+    res = sim.run(sim.Cluster(topo), prog)
+    assert res.results == [pytest.approx(1.0), pytest.approx(10.0), pytest.approx(1.0)]
+    assert topo.devices[1].memory == 80e9
+
+
+def test_sub_communicators_are_isolated():
+    def prog(comm, x):
+        group = comm.sub([r for r in range(comm.size) if r % 2 == comm.rank % 2])
+        assert group.size == 3 and group.rank == comm.rank // 2
+        part = yield from allreduce(group, x)
+        whole = yield from allreduce(comm, x)
+        return part, whole
+
+    xs = [np.full(5, float(2 ** r)) for r in range(6)]
+    res = sim.run(sim.Cluster(sim.fully_connected(6)), prog, args=[(x,) for x in xs])
+    for r, (part, whole) in enumerate(res.results):
+        np.testing.assert_array_equal(part, sum(xs[q] for q in range(6) if q % 2 == r % 2))
+        np.testing.assert_array_equal(whole, sum(xs))
+
+
+def test_runs_are_deterministic():
+    xs = [np.random.default_rng(r).standard_normal(77) for r in range(7)]
+    runs = [sim.run(sim.Cluster(sim.tree(7)), ring_allreduce, args=[(x,) for x in xs],
+                    batched=False) for _ in range(2)]
+    assert runs[0].trace == runs[1].trace and runs[0].rank_time == runs[1].rank_time
+
+
+@pytest.mark.parametrize("dtype, n", [("float32", 1001), ("int64", 64), ("float64", 5)])
+def test_batched_path_equals_event_path_at_p64(dtype, n):
+    p = 64
+    rng = np.random.default_rng(0)
+    xs = [(rng.standard_normal(n) * 100).astype(dtype) for _ in range(p)]
+    topo = sim.ring(p, A, B)
+    topo.slow_link(10, 11, 10.0)
+
+    def prog(comm, x):
+        yield comm.compute(seconds=1e-6 * comm.rank)  # ranks enter at different times
+        return (yield from allreduce(comm, x, algo="ring"))
+
+    runs = [sim.run(sim.Cluster(topo), prog, args=[(x,) for x in xs], batched=b)
+            for b in (False, True)]
+    event, batched = runs
+    assert batched.messages == event.messages == 2 * (p - 1) * p
+    assert batched.rank_time == event.rank_time  # bit for bit
+    assert sorted(batched.trace) == sorted(event.trace)
+    for a, b in zip(event.results, batched.results):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert batched.link_busy == pytest.approx(event.link_busy)
+
+
+def test_batched_path_falls_back_when_other_traffic_interleaves():
+    p = 8
+    xs = [np.arange(10.0) * r for r in range(p)]
+
+    def prog(comm, x):
+        if comm.rank == 3:  # a message issued while others already wait in the collective
+            yield comm.compute(seconds=1e-3)
+            yield comm.send(np.ones(1), 4, tag=1)
+        if comm.rank == 4:
+            yield comm.recv(3, tag=1)
+        return (yield from allreduce(comm, x))
+
+    on = sim.run(sim.Cluster(sim.ring(p)), prog, args=[(x,) for x in xs], batched=True)
+    off = sim.run(sim.Cluster(sim.ring(p)), prog, args=[(x,) for x in xs], batched=False)
+    assert on.rank_time == off.rank_time
+    for a, b in zip(on.results, off.results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_1024_ranks_symbolic_and_a_slow_link():
+    p, n = 1024, 256 * 2**20 // 4
+    xs = [(sim.SymbolicArray(n, "float32"),)] * p
+    base = sim.run(sim.Cluster(sim.ring(p, A, B)), ring_allreduce, args=xs, trace=False)
+    assert base.time == pytest.approx(2 * (p - 1) * (A + n * 4 / p * B), rel=1e-9)
+    assert base.results[0].shape == (n,) and base.messages == 2 * (p - 1) * p
+    topo = sim.ring(p, A, B)
+    topo.slow_link(500, 501, 10.0)
+    slow = sim.run(sim.Cluster(topo), ring_allreduce, args=xs, trace=False)
+    assert slow.time > 5 * base.time  # the ring runs at its slowest link's pace
+    busiest = max(slow.link_busy, key=slow.link_busy.get)
+    assert busiest in ("dev500->dev501", "dev501->dev500")
+
+
+def test_symbolic_array_models_size_only():
+    s = sim.SymbolicArray((6, 4), "float64")
+    assert (s.size, s.nbytes, s.ndim) == (24, 192, 2)
+    flat = s.reshape(-1)
+    assert flat[3:10].shape == (7,) and np.add(flat, flat).dtype == np.float64
+    with pytest.raises(ArgumentError, match="no values"):
+        np.asarray(s)
+    with pytest.raises(ShapeError):
+        s.reshape(5, 5)
+
+
+def test_symbolic_and_real_runs_take_the_same_time():
+    p, n = 5, 103
+    real = sim.run(sim.Cluster(sim.ring(p)), ring_allreduce, args=[(np.ones(n),)] * p,
+                   batched=False)
+    fake = sim.run(sim.Cluster(sim.ring(p)), ring_allreduce,
+                   args=[(sim.SymbolicArray(n, "float64"),)] * p, batched=False)
+    assert real.rank_time == fake.rank_time

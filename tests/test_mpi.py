@@ -1,0 +1,173 @@
+"""The MPI backend: the collectives' own generator code over real processes (mpiexec -n 2 and
+-n 4 on this machine) against MPI's routines, point-to-point, timeouts and the command line."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("mpi4py")
+
+TIMEOUT = 60
+
+SCRIPT = textwrap.dedent('''
+    import sys
+    import numpy as np
+    from mpi4py import MPI
+    from mlsys_lab.distributed import mpi, collectives as coll
+    from mlsys_lab.distributed.comm import CommTimeoutError
+    from mlsys_lab.errors import ArgumentError
+
+    c = MPI.COMM_WORLD
+    r, p = c.rank, c.size
+    comm = mpi.world(timeout=20)
+    rng = np.random.default_rng(100 + r)
+
+    def run(fn, *args, **kw):
+        return mpi.run(lambda cm: (yield from fn(cm, *args, **kw)), comm=comm)
+
+    def same(a, b, what):
+        if a.shape != b.shape or a.dtype != b.dtype or not np.array_equal(a, b):
+            print(f"rank {r}: {what}: {a!r} != {b!r}", flush=True)
+            c.Abort(3)
+
+    for n in (0, 1, p + 1, 1000):
+        x = rng.integers(-1000, 1000, n).astype(np.int64)
+        ref = np.empty_like(x)
+        c.Allreduce(x, ref)
+        for algo in coll.ALGORITHMS["allreduce"]:
+            same(run(coll.allreduce, x, algo=algo, segments=2), ref, f"allreduce {algo} {n}")
+        mx = np.empty_like(x)
+        c.Allreduce(x, mx, op=MPI.MAX)
+        same(run(coll.allreduce, x, op="max"), mx, "allreduce max")
+        counts = [b - a for a, b in coll.block_bounds(n, p)]
+        block = np.empty(counts[r], np.int64)
+        c.Reduce_scatter(x, block, recvcounts=counts)
+        for algo in coll.ALGORITHMS["reduce_scatter"]:
+            if algo == "ring" or p & (p - 1) == 0:
+                same(run(coll.reduce_scatter, x, algo=algo), block, f"reduce_scatter {algo}")
+        gathered = np.empty(n * p, np.int64)
+        c.Allgather(x, gathered)
+        for algo in coll.ALGORITHMS["allgather"]:
+            if algo == "ring" or p & (p - 1) == 0:
+                same(run(coll.allgather, x, algo=algo), gathered, f"allgather {algo}")
+        for algo in coll.ALGORITHMS["broadcast"]:
+            ref_b = x.copy()
+            c.Bcast(ref_b, root=p - 1)
+            same(run(coll.broadcast, x, root=p - 1, algo=algo), ref_b, f"broadcast {algo}")
+        for algo in coll.ALGORITHMS["reduce"]:
+            red = np.empty_like(x)
+            c.Reduce(x, red, root=1)
+            out = run(coll.reduce, x, root=1, algo=algo)
+            if r == 1:
+                same(out, red, f"reduce {algo}")
+        for algo in coll.ALGORITHMS["gather"]:
+            gat = np.empty(n * p, np.int64) if r == 0 else None
+            c.Gather(x, gat, root=0)
+            out = run(coll.gather, x, root=0, algo=algo)
+            if r == 0:
+                same(out, gat, f"gather {algo}")
+        xa = rng.integers(-9, 9, 3 * p).astype(np.int64)
+        a2a = np.empty_like(xa)
+        c.Alltoall(xa, a2a)
+        for algo in coll.ALGORITHMS["alltoall"]:
+            same(run(coll.alltoall, xa, algo=algo), a2a, f"alltoall {algo}")
+
+    xf = rng.standard_normal(4097)
+    ref = np.empty_like(xf)
+    c.Allreduce(xf, ref)
+    for algo in coll.ALGORITHMS["allreduce"]:
+        got = run(coll.allreduce, xf, algo=algo)
+        if not np.allclose(got, ref, rtol=1e-12, atol=1e-12):
+            print(f"rank {r}: float allreduce {algo} differs", flush=True)
+            c.Abort(3)
+
+    # a sub-communicator (the evens, the odds) matches MPI's Split
+    members = [q for q in range(p) if q % 2 == r % 2]
+    x = np.full(5, r + 1, np.int64)
+    part = np.empty_like(x)
+    c.Split(r % 2, r).Allreduce(x, part)
+    sub = comm.sub(members)
+    same(mpi.run(lambda cm: (yield from coll.allreduce(cm, x)), comm=sub), part, "sub")
+
+    # point to point: eager send, tags, exchange, out=
+    def p2p(cm):
+        right, left = (cm.rank + 1) % cm.size, (cm.rank - 1) % cm.size
+        yield cm.send(np.arange(3) + cm.rank, right, tag=7)
+        yield cm.send(np.array([cm.rank]), right, tag=8)
+        late = yield cm.recv(left, tag=8)
+        early = yield cm.recv(left, tag=7, out=np.zeros(3, dtype=np.int64))
+        got = yield cm.exchange([(np.array([1.5 * cm.rank]), right)], [left])
+        yield cm.compute(flops=1e9)
+        return late, early, got[0], cm.now()
+
+    late, early, got, now = mpi.run(p2p, comm=comm)
+    same(late, np.array([(r - 1) % p]), "tag order")
+    same(early, np.arange(3) + (r - 1) % p, "out=")
+    same(got, np.array([1.5 * ((r - 1) % p)]), "exchange")
+    assert now > 0
+
+    # errors: a bad rank is refused before any MPI call; a receive nobody answers times out
+    try:
+        mpi.run(lambda cm: (yield cm.send(np.ones(1), p)), comm=comm)
+        c.Abort(4)
+    except ArgumentError:
+        pass
+    quick = mpi.MpiCommunicator(c, timeout=0.3)
+    try:
+        mpi.run(lambda cm: (yield cm.recv((r + 1) % p, tag=29999)), comm=quick)
+        c.Abort(5)
+    except CommTimeoutError as exc:
+        assert f"rank {r}" in str(exc) and "recv" in str(exc)
+    c.Barrier()
+    if r == 0:
+        print("ALL OK", p, flush=True)
+''')
+
+
+def mpiexec():
+    here = os.path.dirname(sys.executable)
+    found = shutil.which("mpiexec", path=here + os.pathsep + os.environ.get("PATH", ""))
+    if found is None:
+        pytest.fail("mpi4py is installed but mpiexec is not (pip install mpich mpi4py)")
+    return found
+
+
+def launch(n, args, cwd):
+    """``mpiexec -n n python ARGS`` on this machine only, killed (whole group) on timeout."""
+    env = dict(os.environ)
+    cmd = [mpiexec(), "-n", str(n), "-launcher", "fork", "-hosts", "localhost",
+           sys.executable, *args]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"mpiexec -n {n} ran past {TIMEOUT} s:\n{out}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_collectives_over_mpi_equal_mpis_own(n, tmp_path):
+    script = tmp_path / "check.py"
+    script.write_text(SCRIPT)
+    code, out = launch(n, [str(script)], tmp_path)
+    assert code == 0 and f"ALL OK {n}" in out, out
+
+
+def test_command_line_prints_correctness_and_bus_bandwidth(tmp_path):
+    code, out = launch(2, ["-m", "mlsys_lab.distributed.mpi", "allreduce", "--algo", "ring",
+                           "--bytes", "256K", "--iters", "2"], tmp_path)
+    assert code == 0, out
+    assert "allreduce algo=ring p=2 bytes=262144" in out and "OK" in out
+    assert "busbw" in out and "algbw" in out and "MPI" in out
