@@ -213,6 +213,9 @@ OPS = (
             np.array(True), np.ones(2)), "cond"),
         row("manual_seed-string", lambda t: ops.manual_seed("abc"), "manual_seed"),
         row("manual_seed-float", lambda t: ops.manual_seed(1.5), "manual_seed"),
+        row("set_rng_state-not-a-state", lambda t: ops.set_rng_state({"state": 1}),
+            "set_rng_state"),
+        row("set_rng_state-string", lambda t: ops.set_rng_state("pcg64"), "set_rng_state"),
     ]
 )
 
@@ -597,6 +600,8 @@ ACCEPT_OR_REFUSE = (
         accept("compile-without-inputs", _no_inputs, 2 * np.e, "compile"),
         accept("compile-donated-read-only", _readonly_donation, [2.0, 2.0, 2.0], "donate"),
         accept("manual_seed-negative", lambda: ops.manual_seed(-1), None, "manual_seed"),
+        accept("get_rng_state-round-trip", lambda: ops.set_rng_state(ops.get_rng_state()), None,
+               "get_rng_state"),
         accept("jvp-int-primal", lambda: ml.jvp(lambda v: v * 2.0, [np.array([1, 2])],
                                                 [np.array([1.0, 1.0])])[0], [2.0, 4.0], "jvp"),
         accept("index-two-arrays", lambda: ARANGE[[0, 1], [1, 2]], [1.0, 5.0], "getitem"),
