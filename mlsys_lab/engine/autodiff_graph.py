@@ -8,10 +8,11 @@ import numpy as np
 
 from ..errors import ArgumentError, GraphError
 from . import dtypes
+from .interpreter import TensorInterpreter
 from .ops_math import cast
 from .ops_shape import as_int
 from .registry import get
-from .tensor import Tensor, apply, conform_tangent, no_grad, zeros_like
+from .tensor import Tensor, conform_tangent, no_grad, zeros_like
 from .trace import GraphBuilder
 
 
@@ -46,20 +47,30 @@ def _reverse(graph, env, seeds, wrt):
     return [ct.get(id(v)) for v in wrt]
 
 
-def _bind(graph, inputs):
-    """Environment id(value) -> Tensor holding ``inputs`` and the graph's constants."""
-    env = {id(v): t for v, t in zip(graph.inputs, inputs)}
-    for v, arr in graph.consts.items():
-        env[id(v)] = Tensor._wrap(arr)
-    return env
-
-
 def _forward(graph, inputs):
-    """Re-emit ``graph``'s nodes on ``inputs`` (into the active trace); returns the env."""
-    env = _bind(graph, inputs)
-    for n in graph.nodes:
-        env[id(n.outputs[0])] = apply(get(n.op), *[env[id(v)] for v in n.inputs], **n.attrs)
-    return env
+    """Re-emit ``graph``'s nodes on ``inputs`` (into the active trace); returns the env, which
+    keeps every value for the reverse sweep."""
+    interp = TensorInterpreter(graph, free=False)
+    interp.run_flat(list(inputs))
+    return interp.env
+
+
+class _TangentInterpreter(TensorInterpreter):
+    """Re-emits each node and, beside it, the node's JVP rule on the tangents of its inputs."""
+
+    def __init__(self, graph, tangents):
+        super().__init__(graph, free=False)
+        self.tangent = {id(v): t for v, t in zip(graph.inputs, tangents)}
+
+    def run_node(self, node, args):
+        y = super().run_node(node, args)
+        op, tan = get(node.op), self.tangent
+        ts = tuple(tan.get(id(v)) for v in node.inputs)
+        if op.jvp is not None and any(t is not None for t in ts):
+            t = conform_tangent(op.jvp(ts, args, y, **node.attrs), y)
+            if t is not None:
+                tan[id(node.outputs[0])] = t
+        return y
 
 
 def grad_graph(graph, wrt=None, name=None):
@@ -118,18 +129,9 @@ def jvp_graph(graph, name=None):
     with b, no_grad():
         ins = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
         tans = [b.add_input(v.shape, v.dtype) for v in graph.inputs]
-        env = _bind(graph, ins)
-        tan = {id(v): t for v, t in zip(graph.inputs, tans)}
-        for n in graph.nodes:
-            op = get(n.op)
-            xs = [env[id(v)] for v in n.inputs]
-            y = apply(op, *xs, **n.attrs)
-            env[id(n.outputs[0])] = y
-            ts = tuple(tan.get(id(v)) for v in n.inputs)
-            if op.jvp is not None and any(t is not None for t in ts):
-                t = conform_tangent(op.jvp(ts, xs, y, **n.attrs), y)
-                if t is not None:
-                    tan[id(n.outputs[0])] = t
+        interp = _TangentInterpreter(graph, tans)
+        interp.run_flat(ins)
+        tan = interp.tangent
         (out,) = graph.outputs
         t = tan.get(id(out))
         return b.build([t if t is not None else zeros_like(out)])

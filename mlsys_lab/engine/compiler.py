@@ -9,16 +9,16 @@ broadcast_to) produce numpy views of their input instead of copies, and keep tha
 import builtins
 import functools
 import inspect
-import time
 
 import numpy as np
 
 from ..errors import ArgumentError, GraphError, MLSysError, OpError, OutOfMemoryError, ShapeError
 from . import memory
 from .graph import check_input
+from .interpreter import error_cause, node_error
 from .pytree import flatten, unflatten
 from .registry import REGISTRY, get
-from .runtime import Event, Timeline, as_input
+from .runtime import TimedInterpreter, Timeline, as_input
 from .selection import device as find_device
 from .selection import explain_selection, makes_view, select
 from .trace import static_key, static_positions, trace
@@ -263,14 +263,19 @@ class Executable:
                 a = env[src] = a.copy()
             env[dst] = a
         if profile:
-            self._interpret(env)
+            interp = ArenaInterpreter(self)
+            interp.run_slots(env)
+            self.timeline = interp.timeline
         else:
             try:
                 self._run(env)
-            except MLSysError as e:
-                raise self._node_error(e, self._failed_node(e.__traceback__)) from None
             except Exception as e:
-                raise self._kernel_error(e, self._failed_node(e.__traceback__)) from e
+                node = self._failed_node(e.__traceback__)
+                if node is not None:
+                    raise node_error(e, node) from error_cause(e)
+                if isinstance(e, MLSysError):
+                    raise
+                raise OpError(f"compiled run failed: {type(e).__name__}: {e}") from e
         results = []
         for slot, dst in zip(self._output_slots, out or [None] * len(self._output_slots)):
             val = env[slot]
@@ -308,43 +313,6 @@ class Executable:
             tb = tb.tb_next
         return node
 
-    @staticmethod
-    def _node_error(e, n):
-        if n is None:
-            return e
-        where = f"\n  at {n.source}" if n.source else ""
-        return type(e)(f"{e}\n  while running node #{n.id} {n.op}{where}")
-
-    @classmethod
-    def _kernel_error(cls, e, n):
-        """A library error for a non-library exception raised by a kernel: OpError (or
-        OutOfMemoryError) naming the op, its input types, the node and the user's line, as
-        eager mode reports it."""
-        kind = OutOfMemoryError if isinstance(e, MemoryError) else OpError
-        if n is None:
-            return kind(f"compiled run failed: {type(e).__name__}: {e}")
-        shapes = ", ".join(f"{v.dtype}{list(v.shape)}" for v in n.inputs)
-        return cls._node_error(kind(f"{n.op}: kernel failed on inputs ({shapes}): "
-                                    f"{type(e).__name__}: {e}"), n)
-
-    def _interpret(self, env):
-        """Run the steps one by one, recording the timeline and naming a failing node."""
-        events, clock = [], time.perf_counter
-        for n, is_view, fn, o, ins, attrs in self._steps:
-            t0 = clock()
-            try:
-                if is_view:
-                    env[o] = fn(*[env[i] for i in ins], **attrs)
-                else:
-                    fn(env[o], *[env[i] for i in ins], **attrs)
-            except MLSysError as e:
-                raise self._node_error(e, n) from None
-            except Exception as e:
-                raise self._kernel_error(e, n) from e
-            events.append((n, t0, clock()))
-        self.timeline = Timeline(Event.of(n, n.meta.get("device", "cpu"), "stream0", t0, t1)
-                                 for n, t0, t1 in events)
-
     def explain(self):
         """Text report of every stage: pass pipeline, kernel selection, memory plan."""
         lines = ["== stages =="]
@@ -359,6 +327,38 @@ class Executable:
                      f"lower bound {lb}, no reuse {naive}, in-place pairs "
                      f"{len(self.plan.inplace)}")
         return "\n".join(lines)
+
+
+class ArenaInterpreter(TimedInterpreter):
+    """The profiled run (``profile=True``) of an :class:`Executable`: the one Interpreter's loop
+    over the compiled schedule, each node calling the kernel selection chose for it into its
+    planned arena view. Nothing is freed (the arena is the memory) and each node gets one
+    timeline event; errors name the node as every interpreter does."""
+
+    def __init__(self, exe):
+        super().__init__(exe.graph, device=None, worker="stream0", free=False)
+        self.exe = exe
+
+    def schedule(self):
+        return self.exe.order
+
+    def run_node(self, node, args):
+        kernel = node.meta["kernel"]
+        if makes_view(node):
+            return kernel.out_fn(*args, **node.attrs)
+        out = self.env[id(node.outputs[0])]
+        kernel.out_fn(out, *args, **node.attrs)
+        return out
+
+    def run_slots(self, slots):
+        """Run on the executable's slot list (inputs bound, arena views in place) and leave
+        the outputs in their slots, as the generated code does."""
+        exe = self.exe
+        self.env = {id(v): slots[i] for v, i in exe._slot.items()}
+        for node in self.schedule():
+            self.step(node)
+        for v in exe.graph.outputs:
+            slots[exe._slot[v]] = self.env[id(v)]
 
 
 #: The keyword options ``ml.compile`` accepts (those of :class:`Executable`).

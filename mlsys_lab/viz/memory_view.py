@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Iterable, NamedTuple, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from mlsys_lab import timing
 from mlsys_lab.engine import memory
 
 __all__ = ["plot_lifetimes", "memory_widget", "compare_table", "format_table", "PlanRow"]
@@ -117,9 +117,8 @@ def compare_table(
     naive = memory.naive_size(lifetimes, alignment)
     rows = []
     for name in names:
-        began = time.perf_counter()
-        arena = memory.plan(lifetimes, name, alignment).arena_size
-        ms = (time.perf_counter() - began) * 1e3
+        made, seconds = timing.timed(memory.plan, lifetimes, name, alignment)
+        arena, ms = made.arena_size, seconds * 1e3
         rows.append(PlanRow(name, arena, _ratio(arena, bound), _ratio(naive, arena), ms))
     return rows
 
