@@ -191,6 +191,14 @@ def test_iterable_dataset_exception(clean):
         list(loader)
 
 
+def test_full_shared_memory_falls_back_to_pickling(clean, monkeypatch):
+    def full(name, size):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(_shm, "_create", full)  # the forked workers inherit it
+    got = [b["x"][:, 0].tolist() for b in DataLoader(Big(8), batch_size=4, num_workers=2)]
+    assert got == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+
+
 @pytest.mark.parametrize("kwargs, name", [
     ({"batch_size": 0}, "batch_size"),
     ({"batch_size": -3}, "batch_size"),

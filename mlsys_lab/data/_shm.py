@@ -1,22 +1,33 @@
-"""Hand a batch from a worker to the main process through POSIX shared memory.
+"""Hand a batch from a worker to the main process through POSIX shared memory, and recycle it.
 
-In a worker, ``default_collate`` stacks each large field straight into a fresh segment
+In a worker, ``default_collate`` stacks each large field straight into a shared-memory segment
 (:meth:`Packer.allocate`); the worker then sends only the segments' names and a small skeleton
 (the batch's nesting with each array replaced by a :class:`_Slot`). The main process maps each
-segment, unlinks its name at once and wraps the mapping in numpy arrays: no copy, and the memory
-is freed when the last of those arrays is garbage collected.
+segment (:meth:`Receiver.unpack`) and wraps the mapping in numpy arrays: no copy.
 
-``multiprocessing.shared_memory.SharedMemory`` is not used directly: before Python 3.13 it
-registers every segment it creates *or attaches* with the resource tracker, which then warns
-about, and unlinks, segments it does not own (bpo-39959). This module calls the same primitives
-(``_posixshmem.shm_open`` / ``shm_unlink``) itself. Every segment's name starts with its pool's
-prefix, so whatever a killed worker left behind is found and unlinked by :func:`unlink_prefix`.
+Segments are recycled, because a fresh one costs more than the copy itself (the kernel must
+allocate and zero its pages, and both processes fault them in). When the last array over a
+segment is garbage collected in the main process, its name goes back to the worker that made it
+(``Receiver.released`` -> a ``("free", name)`` message -> ``Packer.returned``), which writes its
+next batch there, into pages both processes already have mapped. A worker reuses only what was
+given back, so a batch the program still holds is never overwritten. A worker keeps a few free
+segments and unlinks the rest, telling the main process (``dropped`` in its next message) so
+that it forgets its mapping too.
+
+``multiprocessing.shared_memory.SharedMemory`` is not used: before Python 3.13 it registers
+every segment it creates *or attaches* with the resource tracker, which then warns about, and
+unlinks, segments it does not own (bpo-39959). This module calls the same primitives
+(``_posixshmem.shm_open`` / ``shm_unlink``) itself. Every name starts with its pool's prefix:
+workers unlink their segments when they exit, and the pool unlinks whatever is left under its
+prefix (:func:`unlink_prefix`) once its workers are gone, killed ones included.
 """
 
+import collections
 import collections.abc
 import mmap
 import os
 import secrets
+import weakref
 
 import numpy as np
 
@@ -30,6 +41,8 @@ except ImportError:  # Windows: batches travel pickled through the pipe instead
 AVAILABLE = _posixshmem is not None
 PREFIX_ROOT = "mlsys_dl_"
 THRESHOLD = 64 * 1024  # batches with fewer array bytes are pickled through the pipe
+KEEP_FREE = 4          # segments a worker keeps for reuse
+MAX_MAPPED = 32        # segments a worker keeps mapped (others are mapped again when reused)
 _ALIGN = 64
 _SHM_DIR = "/dev/shm"
 
@@ -55,116 +68,173 @@ def new_prefix():
 class Packer:
     """Worker side: shared-memory output arrays for collation, and batches -> messages.
 
-    :meth:`allocate` gives ``default_collate`` an output array inside a fresh segment, so a
-    batch is written to shared memory once, with no extra copy. :meth:`pack` turns a batch into
-    ``(skeleton, refs)``: arrays that live in such a segment are sent by name; other arrays are
-    copied into one new segment if together they reach ``threshold`` bytes, else pickled.
+    :meth:`allocate` gives ``default_collate`` an output array in a (recycled) segment, so a
+    batch is written to shared memory once. :meth:`pack` turns a batch into ``(skeleton, refs,
+    dropped)``: arrays in such a segment are sent by name; other arrays are copied into one
+    segment if together they reach ``threshold`` bytes, else pickled; ``dropped`` lists names
+    unlinked since the last message. Names given back by the main process arrive in
+    :attr:`returned` (a deque the worker's task reader appends to).
     """
 
     def __init__(self, prefix, threshold=THRESHOLD):
         self.prefix = prefix
         self.threshold = threshold
+        self.returned = collections.deque()
         self._count = 0
-        self._owned = {}  # id(array) -> (array, segment name), for arrays made by allocate()
-
-    def _new_name(self):
-        self._count += 1
-        return f"{self.prefix}{self._count}"
+        self._segments = {}  # name -> [mmap or None, size]: every name this worker has linked
+        self._free = []      # names given back, oldest first
+        self._owned = {}     # id(array) -> (array, name) for arrays made by allocate()
+        self._dropped = []
 
     def allocate(self, shape, dtype):
-        """An empty array of ``shape`` in a new segment, or None when it is small or shared
+        """An empty array of ``shape`` in shared memory, or None when it is small or shared
         memory is unavailable or full."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if not AVAILABLE or nbytes < self.threshold or dtype.hasobject:
             return None
-        name = self._new_name()
-        try:
-            segment = _create(name, nbytes)
-        except OSError:
+        name = self._segment(nbytes)
+        if name is None:
             return None
-        array = np.ndarray(shape, dtype, buffer=segment)
+        array = np.ndarray(shape, dtype, buffer=self._mapping(name))
         self._owned[id(array)] = (array, name)
         return array
 
     def pack(self, batch):
-        """``(skeleton, refs)`` for :func:`unpack`; segments made for arrays not in ``batch``
-        are unlinked."""
+        """``(skeleton, refs, dropped)`` for :meth:`Receiver.unpack`."""
         arrays = []
         skeleton = _strip(batch, arrays)
-        refs = [None] * len(arrays)
-        loose = []
+        refs, loose = [None] * len(arrays), []
         for k, a in enumerate(arrays):
-            owned = self._owned.get(id(a))
+            owned = self._owned.pop(id(a), None)
             if owned is not None and owned[0] is a:
                 refs[k] = (owned[1], 0, a.dtype, a.shape)
-                self._owned.pop(id(a))
             else:
                 loose.append(k)
-        if sum(arrays[k].nbytes for k in loose) >= self.threshold and AVAILABLE:
+        if AVAILABLE and sum(arrays[k].nbytes for k in loose) >= self.threshold:
             self._copy_to_segment(arrays, loose, refs)
         for k in loose:
             if refs[k] is None:
                 refs[k] = arrays[k]
         self.discard()
-        return skeleton, refs
+        self._unmap_extra()
+        dropped, self._dropped = self._dropped, []
+        return skeleton, refs, dropped
+
+    def discard(self):
+        """Take back the segments :meth:`allocate` made that no packed batch took."""
+        for _, name in self._owned.values():
+            self._free.append(name)
+        self._owned.clear()
+
+    def close(self):
+        """Unlink every segment (the worker is exiting; the main process keeps its mappings)."""
+        self._owned.clear()
+        for name, (segment, _) in list(self._segments.items()):
+            _close(segment)
+            unlink(name)
+        self._segments.clear()
+
+    def _segment(self, nbytes):
+        """The name of a free segment of ``nbytes`` to ``2 nbytes`` bytes, or of a new one."""
+        while self.returned:
+            name = self.returned.popleft()
+            if name in self._segments and name not in self._free:
+                self._free.append(name)
+        for k, name in enumerate(self._free):
+            if nbytes <= self._segments[name][1] <= 2 * nbytes + 4096:
+                return self._free.pop(k)
+        while len(self._free) >= KEEP_FREE:
+            self._drop(self._free.pop(0))
+        self._count += 1
+        name = f"{self.prefix}{self._count}"
+        try:
+            self._segments[name] = [_create(name, nbytes), nbytes]
+        except OSError:  # /dev/shm full or missing: the caller falls back to private memory
+            return None
+        return name
+
+    def _mapping(self, name):
+        entry = self._segments[name]
+        if entry[0] is None:
+            entry[0] = _map(name, entry[1])
+        return entry[0]
+
+    def _drop(self, name):
+        segment, _ = self._segments.pop(name)
+        _close(segment)
+        unlink(name)
+        self._dropped.append(name)
+
+    def _unmap_extra(self):
+        mapped = [n for n, (m, _) in self._segments.items() if m is not None]
+        for name in mapped[:max(0, len(mapped) - MAX_MAPPED)]:
+            if _close(self._segments[name][0]):
+                self._segments[name][0] = None
 
     def _copy_to_segment(self, arrays, picked, refs):
         offsets, size = [], 0
         for k in picked:
             offsets.append(size)
             size += -(-arrays[k].nbytes // _ALIGN) * _ALIGN
-        name = self._new_name()
-        try:
-            segment = _create(name, size)
-        except OSError:  # /dev/shm full: these arrays get pickled instead
+        name = self._segment(size)
+        if name is None:  # /dev/shm full: these arrays get pickled instead
             return
-        try:
-            for k, start in zip(picked, offsets):
-                a = arrays[k]
-                np.ndarray(a.shape, a.dtype, buffer=segment, offset=start)[...] = a
-                refs[k] = (name, start, a.dtype, a.shape)
-        finally:
-            segment.close()
-
-    def discard(self):
-        """Unlink the segments :meth:`allocate` made that no packed batch took."""
-        for _, name in self._owned.values():
-            unlink(name)
-        self._owned.clear()
+        segment = self._mapping(name)
+        for k, start in zip(picked, offsets):
+            a = arrays[k]
+            np.ndarray(a.shape, a.dtype, buffer=segment, offset=start)[...] = a
+            refs[k] = (name, start, a.dtype, a.shape)
 
 
-def unpack(skeleton, refs):
-    """The batch that :meth:`Packer.pack` described; segments are mapped and unlinked."""
-    segments = {}
-    arrays = []
-    try:
+class Receiver:
+    """Main-process side: batches from :meth:`Packer.pack` messages, and names to give back.
+
+    Mappings are kept per name, so a recycled segment costs no new mapping. When the arrays of a
+    batch are garbage collected, ``(worker_id, name)`` is appended to :attr:`released`; the
+    pool sends those names back to their workers.
+    """
+
+    def __init__(self):
+        self.released = collections.deque()
+        self._maps = {}
+
+    def unpack(self, worker_id, skeleton, refs, dropped):
+        """The batch that ``(skeleton, refs)`` describe (``dropped``: names to forget)."""
+        for name in dropped:
+            self._maps.pop(name, None)  # still-used arrays keep their own mapping alive
+        holders = {}
+        arrays = []
         for ref in refs:
             if isinstance(ref, np.ndarray):
                 arrays.append(ref)
                 continue
             name, start, dtype, shape = ref
-            if name not in segments:
-                segments[name] = _attach(name)
-            arrays.append(np.ndarray(shape, dtype, buffer=segments[name], offset=start))
-    finally:
-        for ref in refs:
-            if not isinstance(ref, np.ndarray) and ref[0] not in segments:
-                unlink(ref[0])
-    return _fill(skeleton, arrays)
+            if name not in holders:
+                holders[name] = self._holder(worker_id, name)
+            arrays.append(np.ndarray(shape, dtype, buffer=holders[name], offset=start))
+        return _fill(skeleton, arrays)
 
+    def release(self, worker_id, refs, dropped):
+        """Give back the segments of a message that will not be unpacked."""
+        for name in dropped:
+            self._maps.pop(name, None)
+        for name in segment_names(refs):
+            self.released.append((worker_id, name))
 
-def _attach(name):
-    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
-    try:
-        return mmap.mmap(fd, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
-        _posixshmem.shm_unlink("/" + name)
+    def _holder(self, worker_id, name):
+        """A byte array over segment ``name``; every array of the batch is a view of it, so
+        its collection means the batch is gone."""
+        if name not in self._maps:
+            self._maps[name] = _map(name)
+        segment = self._maps[name]
+        holder = np.ndarray(len(segment), np.uint8, buffer=segment)
+        weakref.finalize(holder, self.released.append, (worker_id, name)).atexit = False
+        return holder
 
 
 def segment_names(refs):
-    """The segment names a message's ``refs`` mention (to unlink a message never unpacked)."""
+    """The segment names a message's ``refs`` mention."""
     return {ref[0] for ref in refs if not isinstance(ref, np.ndarray)}
 
 
@@ -207,9 +277,28 @@ def _create(name, size):
         os.close(fd)
 
 
+def _map(name, size=None):
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size if size is None else max(size, 1))
+    finally:
+        os.close(fd)
+
+
+def _close(segment):
+    """Unmap ``segment`` unless arrays still use it; whether it was closed."""
+    if segment is None:
+        return True
+    try:
+        segment.close()
+    except BufferError:
+        return False
+    return True
+
+
 def _strip(obj, arrays):
     """``obj`` with each numeric array moved to ``arrays`` and replaced by a :class:`_Slot`."""
-    if isinstance(obj, np.ndarray) and obj.dtype != object and obj.dtype.kind != "V":
+    if isinstance(obj, np.ndarray) and not obj.dtype.hasobject and obj.dtype.kind != "V":
         arrays.append(obj)
         return _Slot(len(arrays) - 1)
     if isinstance(obj, Tensor) and obj.data is not None:

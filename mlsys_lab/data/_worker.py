@@ -11,11 +11,13 @@ Messages from the main process (through the worker's task pipe):
   first discards ``skip`` batches (those a resumed loader already delivered).
 - ``("fetch", epoch, position, indices)``: load one batch (``indices`` is None for an iterable
   dataset, a single index without automatic batching).
+- ``("free", name)``: a shared-memory segment the main process no longer uses (see ``_shm``).
 - ``None``: exit.
 
-Messages back (through the worker's result pipe): ``("data", epoch, position, skeleton, refs)``,
-``("error", epoch, position, info)``, ``("end", epoch, position)`` when an iterable dataset is
-exhausted, and ``("fatal", info)`` when the worker could not start (it then exits).
+Messages back (through the worker's result pipe): ``("data", epoch, position, skeleton, refs,
+dropped)`` (see ``_shm``), ``("error", epoch, position, info)``, ``("end", epoch, position)``
+when an iterable dataset is exhausted, and ``("fatal", info)`` when the worker could not start
+(it then exits).
 """
 
 import dataclasses
@@ -104,11 +106,11 @@ def worker_loop(config, payload, task_conn, result_conn):
     except BaseException as e:  # report every start-up failure, then exit
         _send(result_conn, ("fatal", describe(e, getattr(e, "_mlsys_stage", "start"))))
         return
-    inbox, stop, latest = queue.Queue(), threading.Event(), [0]
-    reader = threading.Thread(target=_read_tasks, args=(task_conn, inbox, stop, latest),
-                              daemon=True)
-    reader.start()
     server = _Server(config, dataset, collate_fn, result_conn)
+    inbox, stop, latest = queue.Queue(), threading.Event(), [0]
+    reader = threading.Thread(target=_read_tasks, daemon=True,
+                              args=(task_conn, inbox, stop, latest, server.packer.returned))
+    reader.start()
     parent = os.getppid()  # the main process, or the forkserver (which exits with it)
     try:
         while not stop.is_set():
@@ -128,7 +130,7 @@ def worker_loop(config, payload, task_conn, result_conn):
         return
     finally:
         collate.set_output_allocator(None)
-        server.packer.discard()
+        server.packer.close()
 
 
 def limit_threads(threads):
@@ -169,15 +171,19 @@ def _start(config, payload):
     return dataset, collate_fn, init_fn
 
 
-def _read_tasks(conn, inbox, stop, latest):
+def _read_tasks(conn, inbox, stop, latest, returned):
     """Move task messages from the pipe into ``inbox`` so that the main process's sends never
     wait on a worker busy sending a result. On ``None`` (exit) set ``stop`` at once, and keep
-    the newest epoch in ``latest[0]``, so that requests still queued can be dropped."""
+    the newest epoch in ``latest[0]``, so that requests still queued can be dropped; segment
+    names given back (``("free", name)``) go straight to ``returned``."""
     try:
         while True:
             message = conn.recv()
             if message is None:
                 break
+            if message[0] == "free":
+                returned.append(message[1])
+                continue
             if message[0] == "epoch":
                 latest[0] = message[1]
             inbox.put(message)
@@ -234,9 +240,9 @@ class _Server:
             return _send(self.conn, ("error", epoch, position, failure.info))
         if batch is END:
             return _send(self.conn, ("end", epoch, position))
-        skeleton, refs = self.packer.pack(batch)
+        skeleton, refs, dropped = self.packer.pack(batch)
         del batch
-        return _send(self.conn, ("data", epoch, position, skeleton, refs))
+        return _send(self.conn, ("data", epoch, position, skeleton, refs, dropped))
 
 
 END = object()  # what Fetcher.fetch returns when an iterable dataset has no batch left
@@ -422,6 +428,7 @@ class WorkerPool:
         self.prefix = configs[0].shm_prefix
         self.workers = []
         self.epoch = 0
+        self.receiver = _shm.Receiver()
         self.start_method = context.get_start_method()
         if self.start_method != "fork":
             payload = _pickle_payload(payload, self.start_method)
@@ -462,6 +469,16 @@ class WorkerPool:
             skip = 0 if skips is None else skips[w.worker_id]
             self.send(w.worker_id, ("epoch", self.epoch, skip), lambda _: "at epoch start")
         return self.epoch
+
+    def give_back(self):
+        """Return the segments of batches the program no longer holds to their workers."""
+        released = self.receiver.released
+        while released:
+            worker_id, name = released.popleft()
+            try:
+                self.workers[worker_id].tasks.send(("free", name))
+            except OSError:  # that worker is gone; its death is reported elsewhere
+                pass
 
     def send(self, worker_id, message, describe):
         try:

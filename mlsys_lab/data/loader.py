@@ -3,13 +3,14 @@
 With ``num_workers=0`` batches are loaded in the calling process. Otherwise each worker is a
 process with its own copy of the dataset; the main process sends it batches of indices through
 a pipe, at most ``prefetch_factor`` per worker in flight, and the worker sends each batch back
--- its large arrays through shared memory (see ``_shm``), small ones pickled. Batches are
-delivered in the sampler's order (``in_order=True``) or as they arrive.
+-- its large arrays through shared memory (recycled once the program drops the batch, see
+``_shm``), small ones pickled. Batches are delivered in the sampler's order (``in_order=True``)
+or as they arrive. ``state_dict()`` / ``load_state_dict()`` resume an epoch where it stopped.
 
 Nothing is left behind: an epoch that ends, a ``break``, an exception or a garbage-collected
 iterator shuts the workers down and unlinks every shared-memory segment they made. A worker
 that dies is noticed at once (the main process waits on the workers' process sentinels, not
-only on their pipes), and every wait is bounded.
+only on their pipes), and every wait is bounded. The worker side lives in ``_worker``.
 """
 
 import collections
@@ -429,6 +430,7 @@ class _MultiProcessIter(_BaseIter):
                 self._accept(worker_id, message)
 
     def _dispatch(self):
+        self.pool.give_back()
         limit = self.loader.prefetch_factor
         while not self.closed:
             worker_id = self._free_worker(limit)
@@ -462,13 +464,18 @@ class _MultiProcessIter(_BaseIter):
 
     def _accept(self, worker_id, message):
         kind, epoch, position = message[:3]
+        receiver = self.pool.receiver
         if epoch != self.epoch or position not in self.pending:
             if kind == "data":  # a result for an abandoned epoch of persistent workers
-                for name in _shm.segment_names(message[4]):
-                    _shm.unlink(name)
+                receiver.release(worker_id, message[4], message[5])
             return
         if kind == "data":
-            self.arrived[position] = ("data", _shm.unpack(message[3], message[4]))
+            try:
+                batch = receiver.unpack(worker_id, *message[3:])
+            except OSError as e:
+                raise DataLoaderError(f"DataLoader: cannot map the shared memory of batch "
+                                      f"{position} from worker {worker_id}: {e}") from e
+            self.arrived[position] = ("data", batch)
         elif kind == "error":
             self.arrived[position] = ("error", message[3])
         else:  # "end": this worker's stream is exhausted

@@ -369,7 +369,7 @@ def _from_env(name, value, variables):
                         f"{', '.join(variables)} is set")
 
 
-class BatchSampler:
+class BatchSampler(Sampler):
     """Groups another sampler's indices into lists of ``batch_size`` (the last one shorter
     unless ``drop_last``).
 
