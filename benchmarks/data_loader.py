@@ -156,6 +156,8 @@ def main(argv=None):
     parser.add_argument("--out-size", type=int, default=64, help="side after resizing")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-pipeline", action="store_true",
+                        help="skip the Pipeline sections (benchmarks/data_pipeline.py)")
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.rounds = min(args.samples, 384), min(args.rounds, 2)
@@ -164,6 +166,10 @@ def main(argv=None):
     workload = build_workload(args)
     for section in SECTIONS:
         section(args, workload)
+    if not args.no_pipeline:  # fusion, vectorisation, autotuning, ordered map: the script beside
+        import data_pipeline
+
+        data_pipeline.main(["--quick"] if args.quick else [])
 
 
 if __name__ == "__main__":

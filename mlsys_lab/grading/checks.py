@@ -40,7 +40,6 @@ import sys
 from typing import Any
 
 from mlsys_lab.grading.exercise import (  # noqa: F401 - the exercise records are public here too
-    _GRADING_DIR,
     EXERCISES,
     MARKER,
     Case,
@@ -48,12 +47,7 @@ from mlsys_lab.grading.exercise import (  # noqa: F401 - the exercise records ar
     CheckResult,
     Exercise,
     UnknownExerciseError,
-    _id_key,
-    _load_chapter,
     _lookup,
-    _run_case,
-    _takes_seed,
-    _where_in_student_code,
     attempt,
     chapter_of,
     describe,
