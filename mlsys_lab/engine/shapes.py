@@ -14,6 +14,9 @@ from ..errors import DTypeError, ShapeError
 
 def broadcast_shapes(op, *shapes):
     """numpy's broadcasting rule, raising a ShapeError that names ``op`` and the shapes."""
+    first = shapes[0]
+    if all(s == first for s in shapes[1:]):  # the common case: nothing broadcasts
+        return tuple(first)
     ndim = max(len(s) for s in shapes)
     out = []
     for i in range(-ndim, 0):
