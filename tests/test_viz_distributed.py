@@ -1,0 +1,215 @@
+"""Chapter 11's widgets: the collective stepper shows what the library's ring really does, the
+pipeline view draws the schedules' own timelines, the cluster timeline adds up the trace; each
+widget is live with controls and carries a static PNG."""
+
+import base64
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mlsys_lab.distributed import collectives, sim  # noqa: E402
+from mlsys_lab.distributed import pipeline_parallel as pp  # noqa: E402
+from mlsys_lab.errors import ArgumentError, ShapeError  # noqa: E402
+from mlsys_lab.viz import cluster_timeline as ct  # noqa: E402
+from mlsys_lab.viz import collective_view as cv  # noqa: E402
+from mlsys_lab.viz import pipeline_view as pv  # noqa: E402
+
+BOOK = [np.array([2.0, 4, 6]), np.array([1.0, 2, 3]), np.array([4.0, 8, 12])]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def _library_ring(inputs, op="sum"):
+    def prog(comm, x):
+        return (yield from collectives.allreduce(comm, x, op=op, algo="ring"))
+
+    cluster = sim.Cluster(sim.ring(len(inputs)), batch_collectives=False)
+    return sim.run(cluster, prog, args=[(x,) for x in inputs])
+
+
+# ----------------------------------------------------------------------------- collective stepper
+def test_book_example_step_by_step():
+    steps = cv.ring_allreduce_steps(BOOK)
+    assert [s.phase for s in steps] == ["start"] + ["reduce-scatter"] * 2 + ["all-gather"] * 2
+    after_rs = steps[2]
+    for r in range(3):  # after the reduce-scatter rank r owns the whole sum of chunk r
+        assert after_rs.chunks[r][r].sources == frozenset({0, 1, 2})
+    assert [float(after_rs.chunks[r][r].value[0]) for r in range(3)] == [7.0, 14.0, 21.0]
+    assert cv.describe_step(steps[-1]).splitlines()[1:] == [
+        f"  rank {r}: c0=7 {{0,1,2}}  c1=14 {{0,1,2}}  c2=21 {{0,1,2}}" for r in range(3)]
+    assert cv.describe_step(steps[1]).splitlines()[0] == \
+        "step 1 (reduce-scatter): r0->r1 c2, r1->r2 c0, r2->r0 c1"
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 8), n=st.integers(0, 23), dtype=st.sampled_from(["float64", "float32"]),
+       op=st.sampled_from(["sum", "max"]), seed=st.integers(0, 2**16))
+def test_last_step_equals_the_simulators_ring_bit_for_bit(p, n, dtype, op, seed):
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(n).astype(dtype) for _ in range(p)]
+    steps = cv.ring_allreduce_steps(inputs, op)
+    res = _library_ring(inputs, op)
+    assert len(steps) == 2 * (p - 1) + 1
+    for r in range(p):
+        got = steps[-1].result(r)
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, res.results[r])
+    # the picture's messages are the simulator's: per rank, the same destinations and sizes
+    item = np.dtype(dtype).itemsize
+    bounds = collectives.block_bounds(n, p)
+    for r in range(p):
+        sent = [(e.dst, e.bytes) for e in res.trace if e.kind == "send" and e.rank == r]
+        drawn = [(dst, (bounds[c][1] - bounds[c][0]) * item)
+                 for s in steps[1:] for src, dst, c in s.moves if src == r]
+        assert sent == drawn
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(2, 7), n=st.integers(1, 15), seed=st.integers(0, 2**16))
+def test_every_chunk_is_the_sum_of_its_sources(p, n, seed):
+    rng = np.random.default_rng(seed)
+    inputs = [rng.integers(-50, 50, n).astype(np.float64) for _ in range(p)]  # exact sums
+    bounds = collectives.block_bounds(n, p)
+    for step in cv.ring_allreduce_steps(inputs):
+        for row in step.chunks:
+            for c, chunk in enumerate(row):
+                a, b = bounds[c]
+                want = sum(inputs[s][a:b] for s in chunk.sources)
+                np.testing.assert_array_equal(chunk.value, want)
+        # each step moves one chunk per rank, to the next rank
+        assert sorted((src, dst) for src, dst, _ in step.moves) == \
+            ([] if step.index == 0 else [(r, (r + 1) % p) for r in range(p)])
+    assert all(len(ch.sources) == p for row in step.chunks for ch in row)
+
+
+def test_stepper_errors():
+    with pytest.raises(ShapeError, match="same shape and dtype"):
+        cv.ring_allreduce_steps([np.zeros(3), np.zeros(4)])
+    with pytest.raises(ShapeError, match="same shape and dtype"):
+        cv.ring_allreduce_steps([np.zeros(3), np.zeros(3, np.float32)])
+    with pytest.raises(ArgumentError, match="op='mean'"):
+        cv.ring_allreduce_steps(BOOK, op="mean")
+    with pytest.raises(ArgumentError, match="none"):
+        cv.ring_allreduce_steps([])
+
+
+def _png(data):
+    raw = base64.b64decode(data) if isinstance(data, str) else data
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    return raw
+
+
+def _image_of(widget):
+    return widget.widget.children[-1]
+
+
+def test_static_pictures_and_the_live_stepper():
+    fig = cv.static(BOOK)
+    assert sum(ax.get_visible() for ax in fig.axes) == 5
+    assert isinstance(cv.collective_stepper(BOOK, live=False), plt.Figure)
+    live = cv.collective_stepper(BOOK, live=True)
+    bundle = live._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    _png(bundle["image/png"])
+    slider = live.widget.children[0].children[0]
+    caption = live.widget.children[1]
+    first = _png(_image_of(live).value)
+    slider.value = 2
+    assert _png(_image_of(live).value) != first
+    assert caption.value.startswith("reduce-scatter") and "r2→r0: chunk 0" in caption.value
+
+
+# ----------------------------------------------------------------------------- pipeline view
+@pytest.mark.parametrize("p,m", [(4, 8), (3, 2), (1, 4)])
+def test_pipeline_static_shows_the_schedules_and_the_standard_bubble(p, m):
+    fig = pv.static(p, m)
+    titles = [ax.get_title() for ax in fig.axes]
+    standard = f"{pp.bubble_fraction_standard(p, m):.3f}"
+    assert titles[0].startswith("GPipe") and titles[1].startswith("1F1B")
+    assert all(f"bubble {standard} (standard" in t for t in titles)
+    assert f"in flight per stage {[m] * p}" in titles[0]
+    assert f"in flight per stage {[min(p - s, m) for s in range(p)]}" in titles[1]
+    for ax in fig.axes:  # one bar per forward and per backward of every micro-batch
+        assert len(ax.patches) == 2 * p * m
+
+
+def test_plot_pipeline_draws_the_timeline_it_is_given():
+    ops, timeline = pv.schedule_timeline("1f1b", 3, 4, t_forward=1.0, t_backward=3.0)
+    ax = pv.plot_pipeline(timeline).axes[0]
+    bars = sorted((round(b.get_y() + b.get_height() / 2), b.get_x(), b.get_x() + b.get_width())
+                  for b in ax.patches)
+    assert bars == sorted((s, a, b) for (s, _), (a, b) in timeline.spans.items())
+    with pytest.raises(ArgumentError, match="3 stages, p=2"):
+        pv.schedule_timeline(ops, 2, 4)
+
+
+def test_live_pipeline_widget_redraws_on_the_sliders():
+    live = pv.pipeline_widget(4, 8, live=True)
+    _png(live._repr_mimebundle_()["image/png"])
+    p_slider, m_slider, recompute = live.widget.children[0].children
+    before = _image_of(live).value
+    m_slider.value = 2
+    assert _image_of(live).value != before
+    assert "0.600" in live.widget.children[1].value  # (4 - 1) / (2 + 4 - 1)
+    recompute.value = True
+    assert _png(_image_of(live).value)
+    assert isinstance(pv.pipeline_widget(live=False), plt.Figure)
+
+
+# ----------------------------------------------------------------------------- cluster timeline
+def _traced_run(p=4):
+    def prog(comm, x):
+        yield comm.compute(seconds=1e-6 * (comm.rank + 1))
+        return (yield from collectives.allreduce(comm, x))
+
+    return sim.run(sim.Cluster(sim.ring(p)), prog, args=[(np.ones(64 * p),)] * p)
+
+
+def test_rank_summary_adds_up_the_trace():
+    p = 4
+    res = _traced_run(p)
+    rows = ct.rank_summary(res)
+    assert [r["rank"] for r in rows] == list(range(p))
+    for r in rows:
+        assert r["compute"] == pytest.approx(1e-6 * (r["rank"] + 1))
+        assert r["messages"] == 2 * (p - 1)
+        assert r["bytes_sent"] == 2 * (p - 1) * 64 * 8
+        sends = [e for e in res.trace if e.rank == r["rank"] and e.kind == "send"]
+        assert r["send"] == pytest.approx(sum(e.end - e.start for e in sends))
+    assert sum(r["messages"] for r in rows) == res.messages
+
+
+def test_cluster_timeline_draws_each_lane_and_honours_the_window():
+    res = _traced_run(4)
+    ax = ct.plot_cluster_timeline(res).axes[0]
+    drawn = sum(len(c.get_paths()) for c in ax.collections)
+    assert drawn == len(res.trace)
+    early = ct.plot_cluster_timeline(res, window=(0.0, 2.5e-6), ranks=(0, 1)).axes[0]
+    kept = [e for e in res.trace if e.rank <= 1 and e.start <= 2.5e-6]
+    assert sum(len(c.get_paths()) for c in early.collections) == len(kept)
+    assert "µs" in early.get_xlabel()
+    with pytest.raises(ArgumentError, match="not a sim.TraceEvent"):
+        ct.rank_summary([("compute", 0, 1)])
+
+
+def test_live_cluster_timeline():
+    res = _traced_run(4)
+    live = ct.timeline_widget(res, live=True)
+    _png(live._repr_mimebundle_()["image/png"])
+    window, ranks = live.widget.children[0].children
+    before = _image_of(live).value
+    ranks.value = (2, 3)
+    assert _image_of(live).value != before
+    assert live.widget.children[1].value.startswith("showing ranks 2-3")
+    assert isinstance(ct.timeline_widget(res.trace, live=False), plt.Figure)
