@@ -35,7 +35,7 @@ from .pipeline import Event
 __all__ = ["SimStage", "SimResult", "SimStageStats", "simulate", "analytic_throughput",
            "preprocess_rate", "book_stages", "BOOK_DEGREES"]
 
-#: The book's example per-operator degrees (12 workers).
+#: The book's example per-operator degrees (13 workers: 3 + 2 + 4 + 3 + 1).
 BOOK_DEGREES = {"decode": 3, "resize": 2, "rotate": 4, "normalize": 3, "hwc_to_chw": 1}
 _EPS = 1e-12
 
