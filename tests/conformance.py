@@ -29,6 +29,7 @@ import numpy as np
 
 import mlsys_lab as ml
 from mlsys_lab import ops
+from mlsys_lab.deploy import quantize as _quant  # registers the quantisation ops specified below
 from mlsys_lab.engine.registry import REGISTRY, get
 from mlsys_lab.engine.tensor import apply
 
@@ -223,18 +224,25 @@ def cross_entropy_ref(x, t):
     return np.mean(-log_softmax_ref(x, 1)[np.arange(x.shape[0]), t])
 
 
-def conv2d_ref(x, w, stride=(1, 1), padding=(0, 0)):
-    """Cross-correlation of NCHW ``x`` with OIHW ``w``, by explicit window loops."""
+def conv2d_ref(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
+    """Cross-correlation of NCHW ``x`` with OIHW ``w`` (``w`` holding C / groups input
+    channels per output channel), by explicit window loops."""
     x, w = f64(x), f64(w)
-    (sh, sw), (ph, pw) = stride, padding
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    kh, kw = w.shape[2:]
-    oh, ow = (xp.shape[2] - kh) // sh + 1, (xp.shape[3] - kw) // sw + 1
-    out = np.zeros((x.shape[0], w.shape[0], oh, ow))
-    for i in range(oh):
-        for j in range(ow):
-            win = xp[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw]
-            out[:, :, i, j] = np.tensordot(win, w, axes=((1, 2, 3), (1, 2, 3)))
+    o, cg, kh, kw = w.shape
+    oh = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    og = o // groups
+    out = np.zeros((x.shape[0], o, oh, ow))
+    for g in range(groups):
+        xg, wg = xp[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og]
+        for i in range(oh):
+            for j in range(ow):
+                win = xg[:, :, i * sh:i * sh + dh * (kh - 1) + 1:dh,
+                         j * sw:j * sw + dw * (kw - 1) + 1:dw]
+                out[:, g * og:(g + 1) * og, i, j] = np.tensordot(win, wg,
+                                                                 axes=((1, 2, 3), (1, 2, 3)))
     return out
 
 
@@ -295,22 +303,39 @@ def _scatter_windows(g, x_shape, kernel, stride, padding, contribution):
     return out[:, :, ph:ph + h, pw:pw + w]
 
 
-def conv2d_grad_input_ref(g, w, x_shape, stride, padding):
+def conv2d_grad_input_ref(g, w, x_shape, stride, padding, dilation=(1, 1), groups=1):
+    """The transpose of :func:`conv2d_ref` in its input, as the sum over output positions of
+    each window's share (dilated windows: every dh-th row, dw-th column)."""
     g, w = f64(g), f64(w)
-    return _scatter_windows(g, x_shape, w.shape[2:], stride, padding,
-                            lambda i, j: np.einsum("no,ochw->nchw", g[:, :, i, j], w))
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    n, c, h, wd = x_shape
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    out = np.zeros((n, c, h + 2 * ph, wd + 2 * pw))
+    for grp in range(groups):
+        gg, wg = g[:, grp * og:(grp + 1) * og], w[grp * og:(grp + 1) * og]
+        for i in range(g.shape[2]):
+            for j in range(g.shape[3]):
+                out[:, grp * cg:(grp + 1) * cg, i * sh:i * sh + dh * (kh - 1) + 1:dh,
+                    j * sw:j * sw + dw * (kw - 1) + 1:dw] += np.einsum("no,ochw->nchw",
+                                                                       gg[:, :, i, j], wg)
+    return out[:, :, ph:ph + h, pw:pw + wd]
 
 
-def conv2d_grad_weight_ref(x, g, w_shape, stride, padding):
+def conv2d_grad_weight_ref(x, g, w_shape, stride, padding, dilation=(1, 1), groups=1):
     x, g = f64(x), f64(g)
-    (sh, sw), (ph, pw) = stride, padding
-    kh, kw = w_shape[2:]
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    o, cg, kh, kw = w_shape
+    og = o // groups
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
     out = np.zeros(w_shape)
-    for i in range(g.shape[2]):
-        for j in range(g.shape[3]):
-            out += np.einsum("nchw,no->ochw", xp[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw],
-                             g[:, :, i, j])
+    for grp in range(groups):
+        xg, gg = xp[:, grp * cg:(grp + 1) * cg], g[:, grp * og:(grp + 1) * og]
+        for i in range(g.shape[2]):
+            for j in range(g.shape[3]):
+                win = xg[:, :, i * sh:i * sh + dh * (kh - 1) + 1:dh,
+                         j * sw:j * sw + dw * (kw - 1) + 1:dw]
+                out[grp * og:(grp + 1) * og] += np.einsum("nchw,no->ochw", win, gg[:, :, i, j])
     return out
 
 
@@ -963,12 +988,16 @@ def _pair(v):
     return (v, v) if np.isscalar(v) else tuple(v)
 
 
-def _conv(name, xs, ws, stride=1, padding=0, **kw):
-    s, p = _pair(stride), _pair(padding)
+def _conv(name, xs, ws, stride=1, padding=0, dilation=1, groups=1, **kw):
+    s, p, d = _pair(stride), _pair(padding), _pair(dilation)
     kw.setdefault("diff", (0, 1))
-    return _mk("conv2d", name, lambda x, w: ops.conv2d(x, w, stride=stride, padding=padding),
-               lambda r: [rn(r, *xs), rn(r, *ws)], ref=lambda x, w: conv2d_ref(x, w, s, p),
-               torch=lambda T, x, w: T.nn.functional.conv2d(x, w, stride=s, padding=p),
+    return _mk("conv2d", name,
+               lambda x, w: ops.conv2d(x, w, stride=stride, padding=padding, dilation=dilation,
+                                       groups=groups),
+               lambda r: [rn(r, *xs), rn(r, *ws)],
+               ref=lambda x, w: conv2d_ref(x, w, s, p, d, groups),
+               torch=lambda T, x, w: T.nn.functional.conv2d(x, w, stride=s, padding=p,
+                                                            dilation=d, groups=groups),
                rtol=10, **kw)
 
 
@@ -979,6 +1008,12 @@ spec("conv2d",
      _conv("padding_beyond_kernel", (1, 1, 2, 2), (1, 1, 2, 2), 1, 3),
      _conv("empty_batch", (0, 2, 3, 3), (1, 2, 2, 2)),
      _conv("kernel_is_input", (1, 1, 3, 3), (1, 1, 3, 3)),
+     _conv("dilation2", (2, 2, 7, 6), (3, 2, 3, 3), 1, 2, dilation=2, second=True),
+     _conv("dilation_rect_stride", (1, 2, 9, 8), (2, 2, 2, 3), (2, 1), (1, 0), dilation=(3, 2)),
+     _conv("groups2", (2, 4, 5, 5), (6, 2, 3, 3), 1, 1, groups=2, second=True),
+     _conv("depthwise", (2, 3, 6, 5), (3, 1, 3, 3), 2, 1, groups=3),
+     _conv("depthwise_multiplier_dilated", (1, 2, 7, 7), (4, 1, 3, 3), 1, 2, dilation=2,
+           groups=2),
      _mk("conv2d", "float32", lambda x, w: ops.conv2d(x, w, stride=1, padding=1),
          lambda r: [rn(r, 1, 2, 4, 4).astype(F32), rn(r, 2, 2, 3, 3).astype(F32)],
          ref=lambda x, w: conv2d_ref(x, w, (1, 1), (1, 1)), diff=(0, 1), rtol=10,
@@ -995,25 +1030,36 @@ spec("conv2d",
          torch=lambda T, x, w: T.nn.functional.conv2d(x, w, padding=1)))
 
 
-for _name, _xs, _ws, _s, _p in (("stride2_pad1", (1, 2, 5, 5), (3, 2, 3, 3), (2, 2), (1, 1)),
-                                 ("kernel1x1", (2, 1, 2, 3), (2, 1, 1, 1), (1, 1), (0, 0))):
-    _oh = (_xs[2] + 2 * _p[0] - _ws[2]) // _s[0] + 1
-    _ow = (_xs[3] + 2 * _p[1] - _ws[3]) // _s[1] + 1
+def _conv_extra(dilation, groups):
+    """The dilation and groups attributes a conv2d node carries (only where not default)."""
+    return {**({"dilation": dilation} if dilation != (1, 1) else {}),
+            **({"groups": groups} if groups != 1 else {})}
+
+
+for _name, _xs, _ws, _s, _p, _d, _g in (
+        ("stride2_pad1", (1, 2, 5, 5), (3, 2, 3, 3), (2, 2), (1, 1), (1, 1), 1),
+        ("kernel1x1", (2, 1, 2, 3), (2, 1, 1, 1), (1, 1), (0, 0), (1, 1), 1),
+        ("dilated_groups", (2, 4, 7, 6), (4, 2, 3, 2), (1, 2), (2, 1), (2, 1), 2)):
+    _oh = (_xs[2] + 2 * _p[0] - _d[0] * (_ws[2] - 1) - 1) // _s[0] + 1
+    _ow = (_xs[3] + 2 * _p[1] - _d[1] * (_ws[3] - 1) - 1) // _s[1] + 1
     _gs = (_xs[0], _ws[0], _oh, _ow)
+    _ex = _conv_extra(_d, _g)
     SPECS.setdefault("conv2d_grad_input", OpSpec("conv2d_grad_input")).cases.append(_mk(
         "conv2d_grad_input", _name,
-        lambda g, w, xs=_xs, s=_s, p=_p: apply(get("conv2d_grad_input"), g, w, x_shape=xs,
-                                               stride=s, padding=p),
+        lambda g, w, xs=_xs, s=_s, p=_p, ex=_ex: apply(get("conv2d_grad_input"), g, w,
+                                                       x_shape=xs, stride=s, padding=p, **ex),
         lambda r, gs=_gs, ws=_ws: [rn(r, *gs), rn(r, *ws)],
-        ref=lambda g, w, xs=_xs, s=_s, p=_p: conv2d_grad_input_ref(g, w, xs, s, p),
-        diff=(0, 1), second=_name == "kernel1x1", rtol=10))
+        ref=lambda g, w, xs=_xs, s=_s, p=_p, d=_d, gr=_g: conv2d_grad_input_ref(g, w, xs, s, p,
+                                                                              d, gr),
+        diff=(0, 1), second=_name != "stride2_pad1", rtol=10))
     SPECS.setdefault("conv2d_grad_weight", OpSpec("conv2d_grad_weight")).cases.append(_mk(
         "conv2d_grad_weight", _name,
-        lambda x, g, ws=_ws, s=_s, p=_p: apply(get("conv2d_grad_weight"), x, g, w_shape=ws,
-                                               stride=s, padding=p),
+        lambda x, g, ws=_ws, s=_s, p=_p, ex=_ex: apply(get("conv2d_grad_weight"), x, g,
+                                                       w_shape=ws, stride=s, padding=p, **ex),
         lambda r, gs=_gs, xs=_xs: [rn(r, *xs), rn(r, *gs)],
-        ref=lambda x, g, ws=_ws, s=_s, p=_p: conv2d_grad_weight_ref(x, g, ws, s, p),
-        diff=(0, 1), second=_name == "kernel1x1", rtol=10))
+        ref=lambda x, g, ws=_ws, s=_s, p=_p, d=_d, gr=_g: conv2d_grad_weight_ref(x, g, ws, s, p,
+                                                                               d, gr),
+        diff=(0, 1), second=_name != "stride2_pad1", rtol=10))
 
 
 def _pool(op, name, make, k, s=None, p=0, **kw):
@@ -1195,6 +1241,126 @@ spec("dropout", untestable="random: checked by check_dropout (mask properties on
 spec("rng_seed", untestable="random, no inputs: checked for fresh and reproducible draws by "
                             "test_conformance.py and the compiled-vs-eager differential test",
      no_grad="integer seed output")
+
+
+# --- deployment: quantisation ops (mlsys_lab.deploy.quantize and .int8_kernels) ----------------
+
+U8, I32 = np.dtype(np.uint8), np.dtype(np.int32)
+_INT8_OPS = "integer (quantised) result: QAT differentiates fake_quant (straight-through) instead"
+
+
+def _q_ref(x, s, z, axis=1):
+    """ONNX QuantizeLinear in the inputs' float32 arithmetic: saturate(rint(x / s) + z)."""
+    shape = [1] * x.ndim
+    if np.ndim(s):
+        shape[axis] = -1
+    q = np.rint(x.astype(F32) / s.astype(F32).reshape(shape)) + z.reshape(shape)
+    return np.clip(q, 0, 255).astype(U8)
+
+
+def _dq_ref(q, s, z, axis=1):
+    shape = [1] * q.ndim
+    if np.ndim(s):
+        shape[axis] = -1
+    return (q.astype(np.float64) - z.reshape(shape)) * s.reshape(shape)
+
+
+def _u8(r, *shape):
+    return r.integers(0, 256, shape).astype(U8)
+
+
+spec("quantize_linear",
+     _mk("quantize_linear", "per_tensor", _quant.quantize_linear,
+         lambda r: [rn(r, 3, 4).astype(F32), np.array(0.02, F32), np.array(128, U8)],
+         ref=_q_ref, out_dtype=U8),
+     _mk("quantize_linear", "per_axis",
+         lambda x, s, z: _quant.quantize_linear(x, s, z, axis=1),
+         lambda r: [rn(r, 2, 3, 4).astype(F32), r.uniform(0.005, 0.02, 3).astype(F32),
+                    _u8(r, 3)],
+         ref=lambda x, s, z: _q_ref(x, s, z, 1), out_dtype=U8),
+     no_grad=_INT8_OPS)
+spec("dequantize_linear",
+     _mk("dequantize_linear", "per_tensor", _quant.dequantize_linear,
+         lambda r: [_u8(r, 3, 4), np.array(0.02, F32), np.array(128, U8)],
+         ref=_dq_ref, ulps=1),
+     _mk("dequantize_linear", "int32_bias_per_axis",
+         lambda q, s, z: _quant.dequantize_linear(q, s, z, axis=0),
+         lambda r: [r.integers(-5000, 5000, 5).astype(I32), r.uniform(1e-4, 1e-3, 5).astype(F32),
+                    np.zeros(5, I32)],
+         ref=lambda q, s, z: _dq_ref(q, s, z, 0), ulps=1),
+     no_grad=_INT8_OPS)
+
+
+def _fq(**attrs):
+    return lambda x: apply(get("fake_quant"), x, **attrs)
+
+
+def _fq_ref(x, scale, zero_point, qmin, qmax, axis=None):
+    s, z = np.asarray(scale, np.float64), np.asarray(zero_point, np.float64)
+    if s.ndim:
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        s, z = s.reshape(shape), z.reshape(shape)
+    return (np.clip(np.rint(x / s) + z, qmin, qmax) - z) * s
+
+
+# Power-of-two scales: PyTorch keeps a fake-quant scale in float32, so only then are its
+# forward answers for float64 inputs ours exactly.
+_FQ_T = dict(scale=0.125, zero_point=3, qmin=-8, qmax=7)
+_FQ_C = dict(scale=(0.0625, 0.125, 0.25), zero_point=(0, -2, 1), qmin=-8, qmax=7, axis=1)
+spec("fake_quant",  # the straight-through gradient is not the staircase's: PyTorch's rule
+     _mk("fake_quant", "per_tensor", _fq(**_FQ_T), lambda r: [rn(r, 4, 5)],
+         ref=lambda x: _fq_ref(x, **_FQ_T), diff=(0,), numeric=False, ulps=1,
+         torch=lambda T, x: T.fake_quantize_per_tensor_affine(x, 0.125, 3, -8, 7)),
+     _mk("fake_quant", "per_channel", _fq(**_FQ_C), lambda r: [rn(r, 2, 3, 4)],
+         ref=lambda x: _fq_ref(x, **_FQ_C), diff=(0,), numeric=False, ulps=1,
+         torch=lambda T, x: T.fake_quantize_per_channel_affine(
+             x, T.tensor(_FQ_C["scale"], dtype=T.float32), T.tensor(_FQ_C["zero_point"],
+                                                                 dtype=T.int32), 1, -8, 7)),
+     _mk("fake_quant", "float32", _fq(**_FQ_T), lambda r: [rn(r, 3, 4).astype(F32)],
+         ref=lambda x: _fq_ref(x.astype(F32), **_FQ_T), ulps=1))
+
+
+def _qlinear_ref(x, xs, xz, w, ws, wz, ys, yz, b, conv=None, relu=False):
+    """Integer arithmetic in float64 (exact at these sizes), then requantisation with the
+    multiplier s_x s_w / s_y computed once, as the kernels do."""
+    xi, wi = x.astype(np.float64) - xz, w.astype(np.float64)
+    if conv is None:
+        acc = xi @ (wi - wz) + b
+        mult = np.float64(xs) * ws.astype(np.float64) / np.float64(ys)
+    else:
+        acc = conv2d_ref(xi, wi - wz.reshape(-1, 1, 1, 1), *conv) + b.reshape(1, -1, 1, 1)
+        mult = (np.float64(xs) * ws.astype(np.float64) / np.float64(ys)).reshape(1, -1, 1, 1)
+    v = np.rint(acc * mult) + yz
+    return np.clip(v, int(yz) if relu else 0, 255).astype(U8)
+
+
+def _qmm_inputs(r):
+    return [_u8(r, 3, 4), np.array(0.02, F32), np.array(10, U8), _u8(r, 4, 2),
+            r.uniform(0.005, 0.01, 2).astype(F32), np.array([128, 120], U8), np.array(0.3, F32),
+            np.array(100, U8), r.integers(-300, 300, 2).astype(I32)]
+
+
+def _qconv_inputs(r):
+    return [_u8(r, 1, 2, 5, 5), np.array(0.02, F32), np.array(10, U8), _u8(r, 3, 2, 3, 3),
+            r.uniform(0.005, 0.01, 3).astype(F32), np.array([128, 120, 130], U8),
+            np.array(0.4, F32), np.array(90, U8), r.integers(-300, 300, 3).astype(I32)]
+
+
+_QCONV = dict(stride=(2, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+spec("qlinear_matmul",
+     _mk("qlinear_matmul", "relu",
+         lambda *xs: apply(get("qlinear_matmul"), *xs, activation="relu"), _qmm_inputs,
+         ref=lambda *xs: _qlinear_ref(*xs, relu=True), out_dtype=U8),
+     _mk("qlinear_matmul", "no_activation",
+         lambda *xs: apply(get("qlinear_matmul"), *xs, activation=None), _qmm_inputs,
+         ref=lambda *xs: _qlinear_ref(*xs), out_dtype=U8),
+     no_grad=_BACKEND)
+spec("qlinear_conv",
+     _mk("qlinear_conv", "stride_pad_relu",
+         lambda *xs: apply(get("qlinear_conv"), *xs, activation="relu", **_QCONV), _qconv_inputs,
+         ref=lambda *xs: _qlinear_ref(*xs, conv=((2, 1), (1, 1)), relu=True), out_dtype=U8),
+     no_grad=_BACKEND)
 
 
 # --- composites (public functions made of several ops; not registry entries) --------------------

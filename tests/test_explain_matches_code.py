@@ -252,6 +252,9 @@ class Spy:
         """Modules whose Numba loops kernels call: CPU impls, fused ops, the matmul ladder."""
         yield cpu_impls, ()
         yield fused_kernels, ()
+        for name in ("conv_gemm", "winograd", "pooling"):  # the convolution and pooling kernels
+            if f"mlsys_lab.kernels.{name}" in sys.modules:
+                yield sys.modules[f"mlsys_lab.kernels.{name}"], ()
         if "mlsys_lab.kernels.cpu" in sys.modules:
             yield sys.modules["mlsys_lab.kernels.cpu"], ("matmul",)
 

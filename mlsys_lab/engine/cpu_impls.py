@@ -41,6 +41,12 @@ def _relu_grad_flat(out, g, x):
         out[i] = g[i] if x[i] > 0 else 0  # exactly 0, even where g is inf or NaN
 
 
+@numba.njit(error_model="numpy", cache=False)
+def _relu_grad_in_place(g, x):
+    for i in range(g.shape[0]):
+        g[i] = g[i] if x[i] > 0 else 0  # one array written: LLVM vectorises it
+
+
 def _c_order_target(out):
     """``out`` itself when it is C-contiguous, else a temporary to copy into it afterwards."""
     return out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
@@ -51,6 +57,10 @@ def relu_grad_out(out, g, x):
     and ``out`` of one shape and dtype; ``out`` may be ``g``'s buffer). Inputs in another
     layout are copied to C order first; a strided ``out`` is written through a temporary."""
     target = _c_order_target(out)
+    if (target is out and g.flags.c_contiguous and g.ctypes.data == out.ctypes.data
+            and g.shape == out.shape):  # in place over g: out and g alias
+        _relu_grad_in_place(out.reshape(-1), np.ascontiguousarray(x).reshape(-1))
+        return
     _relu_grad_flat(target.reshape(-1), np.ascontiguousarray(g).reshape(-1),
                     np.ascontiguousarray(x).reshape(-1))
     if target is not out:

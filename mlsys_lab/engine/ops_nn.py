@@ -184,6 +184,9 @@ MSE_LOSS = defop("mse_loss", compute=_mse_np, infer=_mse_infer, vjp=_mse_vjp, jv
 
 
 # --- convolution (NCHW input, OIHW weight) ----------------------------------------------------
+# Attributes: stride, padding, and dilation and groups only where they differ from (1, 1) and 1,
+# so the graphs of ordinary convolutions read (and print) as they always have. Every rule takes
+# dilation and groups as keywords with those defaults.
 def _pair(op, name, v):
     """An int or a pair of ints as a pair of Python ints (else a library error naming ``op``)."""
     pair = (v, v) if np.isscalar(v) else tuple(v)
@@ -206,88 +209,133 @@ def _check_window(op, stride, padding, kernel=None):
                          f"(as in PyTorch: a window could otherwise hold only padding)")
 
 
-def _conv_infer(x, w, stride, padding):
-    _check_window("conv2d", stride, padding)
+def conv_attrs(op, stride, padding, dilation=1, groups=1):
+    """The attributes of a ``conv2d`` node: ``stride`` and ``padding`` as pairs, plus
+    ``dilation`` (a pair) and ``groups`` (an int) where they are not the defaults."""
+    attrs = dict(stride=_pair(op, "stride", stride), padding=_pair(op, "padding", padding))
+    dilation = _pair(op, "dilation", dilation)
+    groups = as_int(op, "groups", groups)
+    if dilation != (1, 1):
+        attrs["dilation"] = dilation
+    if groups != 1:
+        attrs["groups"] = groups
+    return attrs
+
+
+def _conv_infer(x, w, stride, padding, dilation=(1, 1), groups=1, op="conv2d"):
+    _check_window(op, stride, padding)
+    if min(dilation) < 1:
+        raise ShapeError(f"{op}: dilation must be positive, got {dilation}")
+    if groups < 1:
+        raise ShapeError(f"{op}: groups must be positive, got {groups}")
     if len(x.shape) != 4 or len(w.shape) != 4:
-        raise ShapeError(f"conv2d: expects input (N, C, H, W) and weight (O, C, kH, kW), got "
-                         f"{tuple(x.shape)} and {tuple(w.shape)}")
-    if x.shape[1] != w.shape[1]:
-        raise ShapeError(f"conv2d: input has {x.shape[1]} channels but weight expects "
-                         f"{w.shape[1]} (input {tuple(x.shape)}, weight {tuple(w.shape)})")
+        raise ShapeError(f"{op}: expects input (N, C, H, W) and weight (O, C/groups, kH, kW), "
+                         f"got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1] * groups:
+        each = "" if groups == 1 else f" per group x {groups} groups = {w.shape[1] * groups}"
+        raise ShapeError(f"{op}: input has {x.shape[1]} channels but weight expects "
+                         f"{w.shape[1]}{each} (input {tuple(x.shape)}, weight "
+                         f"{tuple(w.shape)})")
+    if w.shape[0] % groups:
+        raise ShapeError(f"{op}: {w.shape[0]} output channels do not split into {groups} "
+                         f"groups (weight {tuple(w.shape)})")
     if x.dtype != w.dtype or not dtypes.is_float(x.dtype):
-        raise DTypeError(f"conv2d: expects equal floating dtypes, got {x.dtype} and {w.dtype}")
+        raise DTypeError(f"{op}: expects equal floating dtypes, got {x.dtype} and {w.dtype}")
     if 0 in w.shape[2:]:
-        raise ShapeError(f"conv2d: kernel size must be greater than zero, got weight "
+        raise ShapeError(f"{op}: kernel size must be greater than zero, got weight "
                          f"{tuple(w.shape)}")
-    oh = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0])
-    ow = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1])
+    span = [d * (k - 1) + 1 for d, k in zip(dilation, w.shape[2:])]
+    oh = conv_out_size(x.shape[2], span[0], stride[0], padding[0])
+    ow = conv_out_size(x.shape[3], span[1], stride[1], padding[1])
     if oh <= 0 or ow <= 0:
-        raise ShapeError(f"conv2d: kernel {tuple(w.shape[2:])} is larger than the padded input "
-                         f"{tuple(x.shape[2:])} (padding {padding})")
+        raise ShapeError(f"{op}: kernel {tuple(w.shape[2:])} (dilation {dilation}: spans "
+                         f"{tuple(span)}) is larger than the padded input {tuple(x.shape[2:])} "
+                         f"(padding {padding})")
     return AVal((x.shape[0], w.shape[0], oh, ow), x.dtype)
 
 
-def _windows(x, kh, kw, stride, padding):
-    """(N, C, OH, OW, kh, kw) view of the padded input's sliding windows."""
+def _unfold(x, kernel, stride, padding, dilation):
+    """(N, C, kh, kw, OH, OW) read-only view of the zero-padded input: entry [n, c, i, j, p, q]
+    is ``xpad[n, c, p*sh + i*dh, q*sw + j*dw]``, the input pixel that tap (i, j) of the kernel
+    meets at output (p, q)."""
     ph, pw = padding
     if ph or pw:
         x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    win = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))
-    return win[:, :, ::stride[0], ::stride[1]]
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    oh = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    s = x.strides
+    return np.lib.stride_tricks.as_strided(
+        x, (x.shape[0], x.shape[1], kh, kw, oh, ow),
+        (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False)
 
 
-def _conv_np(x, w, stride, padding):
-    win = _windows(x, w.shape[2], w.shape[3], stride, padding)
-    out = np.tensordot(win, w, axes=((1, 4, 5), (1, 2, 3)))  # (N, OH, OW, O)
-    return np.ascontiguousarray(out.transpose(0, 3, 1, 2))
+def _img2col(x, kernel, stride, padding, dilation, groups):
+    """The unfolded input as (N, groups, C/groups * kh * kw, OH * OW), rows ordered (c, i, j)
+    like a weight's (C/groups, kh, kw) (a copy: each pixel appears once per tap), and
+    (OH, OW)."""
+    win = _unfold(x, kernel, stride, padding, dilation)
+    n, c, kh, kw, oh, ow = win.shape
+    return win.reshape(n, groups, c // groups * kh * kw, oh * ow), (oh, ow)
 
 
-def _conv_grad_input_np(g, w, x_shape, stride, padding):
+def _conv_np(x, w, stride, padding, dilation=(1, 1), groups=1):
+    o, cg, kh, kw = w.shape
+    cols, (oh, ow) = _img2col(x, (kh, kw), stride, padding, dilation, groups)
+    y = np.matmul(w.reshape(groups, o // groups, cg * kh * kw), cols)  # (N, groups, O/g, P)
+    return y.reshape(x.shape[0], o, oh, ow)
+
+
+def _conv_grad_input_np(g, w, x_shape, stride, padding, dilation=(1, 1), groups=1):
     n, c, h, wd = x_shape
-    kh, kw = w.shape[2:]
-    ph, pw = padding
+    o, cg, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     oh, ow = g.shape[2:]
+    wt = w.reshape(groups, o // groups, cg * kh * kw).transpose(0, 2, 1)
+    cols = np.matmul(wt, g.reshape(n, groups, o // groups, oh * ow))  # (N, groups, K, P)
+    cols = cols.reshape(n, c, kh, kw, oh, ow)
     gx = np.zeros((n, c, h + 2 * ph, wd + 2 * pw), g.dtype)
-    for i in range(kh):
+    for i in range(kh):  # each tap's column block goes back where _unfold took it from
         for j in range(kw):
-            contrib = np.einsum("nohw,oc->nchw", g, w[:, :, i, j])
-            gx[:, :, i:i + stride[0] * oh:stride[0], j:j + stride[1] * ow:stride[1]] += contrib
+            gx[:, :, i * dh:i * dh + sh * oh:sh, j * dw:j * dw + sw * ow:sw] += cols[:, :, i, j]
     return gx[:, :, ph:ph + h, pw:pw + wd]
 
 
-def _conv_grad_weight_np(x, g, w_shape, stride, padding):
-    win = _windows(x, w_shape[2], w_shape[3], stride, padding)
-    return np.tensordot(g, win, axes=((0, 2, 3), (0, 2, 3)))  # (O, C, kh, kw)
+def _conv_grad_weight_np(x, g, w_shape, stride, padding, dilation=(1, 1), groups=1):
+    o, cg, kh, kw = w_shape
+    cols, (oh, ow) = _img2col(x, (kh, kw), stride, padding, dilation, groups)
+    gg = g.reshape(x.shape[0], groups, o // groups, oh * ow)
+    return np.matmul(gg, cols.transpose(0, 1, 3, 2)).sum(axis=0).reshape(w_shape)
 
 
-def _conv_vjp(g, xs, y, needs, stride, padding):
-    return (conv2d_grad_input(g, xs[1], xs[0].shape, stride, padding) if needs[0] else None,
-            conv2d_grad_weight(xs[0], g, xs[1].shape, stride, padding) if needs[1] else None)
+def _conv_vjp(g, xs, y, needs, **attrs):
+    return (conv2d_grad_input(g, xs[1], xs[0].shape, **attrs) if needs[0] else None,
+            conv2d_grad_weight(xs[0], g, xs[1].shape, **attrs) if needs[1] else None)
 
 
-def _conv_jvp(ts, xs, y, stride, padding):
-    return tsum(None if ts[0] is None else _conv(ts[0], xs[1], stride, padding),
-                None if ts[1] is None else _conv(xs[0], ts[1], stride, padding))
+def _conv_jvp(ts, xs, y, **attrs):
+    return tsum(None if ts[0] is None else _conv(ts[0], xs[1], **attrs),
+                None if ts[1] is None else _conv(xs[0], ts[1], **attrs))
 
 
 CONV2D = defop("conv2d", compute=_conv_np, infer=_conv_infer, vjp=_conv_vjp, jvp=_conv_jvp)
 
 
-def _conv_grad_input_infer(g, w, x_shape, stride, padding):
-    y = _conv_infer(AVal(tuple(x_shape), g.dtype), w, stride, padding)
+def _conv_grad_input_infer(g, w, x_shape, stride, padding, dilation=(1, 1), groups=1):
+    y = _conv_infer(AVal(tuple(x_shape), g.dtype), w, stride, padding, dilation, groups,
+                    op="conv2d_grad_input")
     expect_shape("conv2d_grad_input", "the cotangent", g.shape, y.shape)
     return AVal(tuple(x_shape), g.dtype)
 
 
-def _conv_grad_input_vjp(u, xs, y, needs, x_shape, stride, padding):
-    return (_conv(u, xs[1], stride, padding) if needs[0] else None,
-            conv2d_grad_weight(u, xs[0], xs[1].shape, stride, padding) if needs[1] else None)
+def _conv_grad_input_vjp(u, xs, y, needs, x_shape, **attrs):
+    return (_conv(u, xs[1], **attrs) if needs[0] else None,
+            conv2d_grad_weight(u, xs[0], xs[1].shape, **attrs) if needs[1] else None)
 
 
-def _conv_grad_input_jvp(ts, xs, y, x_shape, stride, padding):
-    return tsum(
-        None if ts[0] is None else conv2d_grad_input(ts[0], xs[1], x_shape, stride, padding),
-        None if ts[1] is None else conv2d_grad_input(xs[0], ts[1], x_shape, stride, padding))
+def _conv_grad_input_jvp(ts, xs, y, x_shape, **attrs):
+    return tsum(None if ts[0] is None else conv2d_grad_input(ts[0], xs[1], x_shape, **attrs),
+                None if ts[1] is None else conv2d_grad_input(xs[0], ts[1], x_shape, **attrs))
 
 
 CONV2D_GRAD_INPUT = defop("conv2d_grad_input", compute=_conv_grad_input_np,
@@ -295,21 +343,21 @@ CONV2D_GRAD_INPUT = defop("conv2d_grad_input", compute=_conv_grad_input_np,
                           jvp=_conv_grad_input_jvp)
 
 
-def _conv_grad_weight_infer(x, g, w_shape, stride, padding):
-    y = _conv_infer(x, AVal(tuple(w_shape), x.dtype), stride, padding)
+def _conv_grad_weight_infer(x, g, w_shape, stride, padding, dilation=(1, 1), groups=1):
+    y = _conv_infer(x, AVal(tuple(w_shape), x.dtype), stride, padding, dilation, groups,
+                    op="conv2d_grad_weight")
     expect_shape("conv2d_grad_weight", "the cotangent", g.shape, y.shape)
     return AVal(tuple(w_shape), x.dtype)
 
 
-def _conv_grad_weight_vjp(u, xs, y, needs, w_shape, stride, padding):
-    return (conv2d_grad_input(xs[1], u, xs[0].shape, stride, padding) if needs[0] else None,
-            _conv(xs[0], u, stride, padding) if needs[1] else None)
+def _conv_grad_weight_vjp(u, xs, y, needs, w_shape, **attrs):
+    return (conv2d_grad_input(xs[1], u, xs[0].shape, **attrs) if needs[0] else None,
+            _conv(xs[0], u, **attrs) if needs[1] else None)
 
 
-def _conv_grad_weight_jvp(ts, xs, y, w_shape, stride, padding):
-    return tsum(
-        None if ts[0] is None else conv2d_grad_weight(ts[0], xs[1], w_shape, stride, padding),
-        None if ts[1] is None else conv2d_grad_weight(xs[0], ts[1], w_shape, stride, padding))
+def _conv_grad_weight_jvp(ts, xs, y, w_shape, **attrs):
+    return tsum(None if ts[0] is None else conv2d_grad_weight(ts[0], xs[1], w_shape, **attrs),
+                None if ts[1] is None else conv2d_grad_weight(xs[0], ts[1], w_shape, **attrs))
 
 
 CONV2D_GRAD_WEIGHT = defop("conv2d_grad_weight", compute=_conv_grad_weight_np,
@@ -317,17 +365,22 @@ CONV2D_GRAD_WEIGHT = defop("conv2d_grad_weight", compute=_conv_grad_weight_np,
                            jvp=_conv_grad_weight_jvp)
 
 
-def _conv(x, w, stride, padding):
-    return apply(CONV2D, x, w, stride=stride, padding=padding)
+def _conv(x, w, **attrs):
+    return apply(CONV2D, x, w, **attrs)
 
 
-def conv2d_grad_input(g, w, x_shape, stride, padding):
-    return apply(CONV2D_GRAD_INPUT, g, w, x_shape=tuple(x_shape), stride=stride, padding=padding)
+def conv2d_grad_input(g, w, x_shape, stride, padding, dilation=(1, 1), groups=1):
+    """The input gradient of ``conv2d(x, w)`` (``x`` of shape ``x_shape``) for cotangent ``g``:
+    the transposed convolution of ``g`` with ``w``."""
+    return apply(CONV2D_GRAD_INPUT, g, w, x_shape=tuple(x_shape),
+                 **conv_attrs("conv2d_grad_input", stride, padding, dilation, groups))
 
 
-def conv2d_grad_weight(x, g, w_shape, stride, padding):
-    return apply(CONV2D_GRAD_WEIGHT, x, g, w_shape=tuple(w_shape), stride=stride,
-                 padding=padding)
+def conv2d_grad_weight(x, g, w_shape, stride, padding, dilation=(1, 1), groups=1):
+    """The weight gradient of ``conv2d(x, w)`` (``w`` of shape ``w_shape``) for cotangent
+    ``g``: the correlation of ``x`` with ``g``."""
+    return apply(CONV2D_GRAD_WEIGHT, x, g, w_shape=tuple(w_shape),
+                 **conv_attrs("conv2d_grad_weight", stride, padding, dilation, groups))
 
 
 # --- pooling ----------------------------------------------------------------------------------
@@ -346,48 +399,58 @@ def _pool_infer(name):
     return infer
 
 
-def _pool_windows(x, kernel, stride, padding, fill):
-    ph, pw = padding
+def _pool_taps(x, kernel, stride, padding, fill):
+    """The padded input (``fill`` in the padding) and, for each tap (i, j) of the window in
+    row-major order, its (N, C, OH, OW) strided view: what that tap reads at every output."""
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
     if ph or pw:
         x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
-    win = np.lib.stride_tricks.sliding_window_view(x, kernel, axis=(2, 3))
-    return win[:, :, ::stride[0], ::stride[1]]
+    oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
+    taps = [x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+            for i in range(kh) for j in range(kw)]
+    return x, taps
 
 
-def _argmax_positions(x, kernel, stride, padding):
-    """Flat indices (into the padded input plane) of each window's first maximum."""
-    win = _pool_windows(x, kernel, stride, padding, -np.inf)
-    n, c, oh, ow = win.shape[:4]
-    k = np.argmax(win.reshape(n, c, oh, ow, kernel[0] * kernel[1]), axis=-1)
-    ki, kj = np.divmod(k, kernel[1])
-    rows = np.arange(oh)[:, None] * stride[0] + ki
-    cols = np.arange(ow)[None, :] * stride[1] + kj
-    return rows * (x.shape[3] + 2 * padding[1]) + cols
+def _first_max(x, kernel, stride, padding):
+    """The padded input (-inf in the padding), each window's maximum and the index of its
+    first maximum among the taps (a NaN beats everything, the first NaN winning: np.argmax's
+    choice), taking the taps in row-major order."""
+    xp, taps = _pool_taps(x, kernel, stride, padding, -np.inf)
+    best, first = taps[0].copy(), np.zeros(taps[0].shape, np.intp)
+    for k, v in enumerate(taps[1:], 1):
+        take = (v > best) | (np.isnan(v) & ~np.isnan(best))
+        first += take * (k - first)  # k where the tap takes over, else unchanged
+        np.maximum(best, v, out=best)  # the new maximum (NaN sticks)
+    return xp, best, first
 
 
 def _maxpool_np(x, kernel, stride, padding):
-    return _pool_windows(x, kernel, stride, padding, -np.inf).max(axis=(4, 5))
+    _, taps = _pool_taps(x, kernel, stride, padding, -np.inf)
+    out = taps[0].copy()
+    for v in taps[1:]:
+        np.maximum(out, v, out=out)  # NaN propagates, as in a max
+    return out
 
 
 def _maxpool_select_np(u, x, kernel, stride, padding):
-    pos = _argmax_positions(x, kernel, stride, padding)
-    ph, pw = padding
-    up = np.pad(u, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else u
-    n, c, oh, ow = pos.shape  # sizes spelled out: reshape cannot infer -1 for an empty batch
-    flat = up.reshape(n, c, up.shape[2] * up.shape[3])
-    return np.take_along_axis(flat, pos.reshape(n, c, oh * ow), axis=2).reshape(pos.shape)
+    _, taps = _pool_taps(u, kernel, stride, padding, 0.0)
+    first = _first_max(x, kernel, stride, padding)[2]
+    out = np.zeros(first.shape, u.dtype)
+    for k, tap in enumerate(taps):
+        out = np.where(first == k, tap, out)
+    return out
 
 
 def _maxpool_scatter_np(g, x, kernel, stride, padding):
-    pos = _argmax_positions(x, kernel, stride, padding)
-    n, c, h, w = x.shape
-    ph, pw = padding
-    hp, wp = h + 2 * ph, w + 2 * pw
-    out = np.zeros((n * c, hp * wp), g.dtype)
-    base = (np.arange(n * c) * hp * wp)[:, None]
-    cells = pos.shape[2] * pos.shape[3]
-    np.add.at(out.reshape(-1), (base + pos.reshape(n * c, cells)).ravel(), g.reshape(-1))
-    return out.reshape(n, c, hp, wp)[:, :, ph:ph + h, pw:pw + w]
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    xp, _, first = _first_max(x, kernel, stride, padding)
+    oh, ow = first.shape[2:]
+    out = np.zeros(xp.shape, g.dtype)
+    for k in range(kh * kw):  # each tap's windows send g to the pixel it read, where it won
+        i, j = divmod(k, kw)
+        out[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
+            np.where(first == k, g, 0)
+    return out[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]
 
 
 _maxpool_infer = _pool_infer("max_pool2d")
@@ -446,7 +509,8 @@ MAX_POOL2D_SCATTER = defop("max_pool2d_scatter", compute=_maxpool_scatter_np,
 
 
 def _avgpool_np(x, kernel, stride, padding):
-    return _pool_windows(x, kernel, stride, padding, 0.0).mean(axis=(4, 5))
+    _, taps = _pool_taps(x, kernel, stride, padding, 0.0)
+    return np.add.reduce(taps) / (kernel[0] * kernel[1])  # NaN in, NaN out; padding adds 0
 
 
 def _avgpool_grad_np(g, x_shape, kernel, stride, padding):
@@ -611,9 +675,14 @@ def mse_loss(pred, target):
     return apply(MSE_LOSS, pred, target)
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0):
-    """2-D convolution (cross-correlation), NCHW input and OIHW weight, optional bias (O,)."""
-    y = _conv(x, weight, _pair("conv2d", "stride", stride), _pair("conv2d", "padding", padding))
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-D convolution (cross-correlation), NCHW input and OIHW weight, optional bias (O,).
+
+    As in PyTorch: ``dilation`` spaces the kernel's taps (a 3x3 kernel with dilation 2 spans
+    5x5 pixels) and ``groups`` splits the channels into that many independent convolutions,
+    the weight then being (O, C / groups, kH, kW) (``groups = C`` is a depthwise convolution).
+    """
+    y = _conv(x, weight, **conv_attrs("conv2d", stride, padding, dilation, groups))
     if bias is not None:
         bias = as_tensor(bias, y.dtype, "conv2d")
         if tuple(bias.shape) != (y.shape[1],):

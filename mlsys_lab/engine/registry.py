@@ -79,6 +79,9 @@ class Op:
             cannot carry).
         impls: the kernels operator selection may choose, by device name: a list of
             :class:`Kernel`, most preferred first.
+        onnx: the op's ONNX mapping (how a node of it exports, which ONNX op types import to
+            it), set by ``mlsys_lab.deploy.onnx_ops.register_onnx``; None: no mapping. The
+            engine never reads it (the deploy layer does).
     """
 
     name: str
@@ -93,6 +96,7 @@ class Op:
     fusion: str | None = None
     unfusable_reason: str | None = None
     impls: dict = field(default_factory=dict)
+    onnx: object = None
 
     def __repr__(self):
         return f"Op({self.name})"

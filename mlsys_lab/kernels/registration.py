@@ -1,10 +1,18 @@
 """Register the Numba kernels as operator implementations, so operator selection can pick them.
 
-Imported by :func:`mlsys_lab.engine.selection.device` the first time a device is looked up
-(importing numba.cuda is not free, so ``import mlsys_lab`` does not do it).
+Imported from the package root (``import mlsys_lab``): kernels register themselves, the engine
+never imports them. Within an op, the kernels registered first are preferred, and each one's
+``accepts`` says where it applies; the op's numpy reference stays the last resort on ``cpu``.
+
+* ``cpu-numba`` / ``cuda``: the matrix-multiply ladders of chapter 8 (:mod:`.cpu`, :mod:`.cuda`).
+* ``cpu``: convolution as BLAS GEMMs — Winograd F(2×2, 3×3) (:mod:`.winograd`) where it beats
+  img2col, img2col otherwise (:mod:`.conv_gemm`), for ``conv2d``, ``fused_conv`` and both
+  gradients — and pooling with its gradients as Numba loops (:mod:`.pooling`).
 """
 
+from ..engine.passes.fusion import ops as _fused_ops  # noqa: F401  (registers fused_conv)
 from ..engine.registry import register_impl
+from . import conv_gemm, pooling, winograd
 
 
 def _cpu_matmul(a, b):
@@ -36,3 +44,38 @@ register_impl("matmul", "cpu-numba", _cpu_matmul, name="numba.matmul_packed", re
               dtypes=("float32", "float64"), max_ndim=2, accepts=_two_matrices)
 register_impl("matmul", "cuda", _cuda_matmul, name="cuda.matmul_double_buffer", returns=True,
               dtypes=("float32",), max_ndim=2, accepts=_two_matrices)
+
+
+def _both(first, second):
+    """An ``accepts`` rule: ``first``'s reason, else ``second``'s."""
+    def accepts(avals, out, attrs):
+        return first(avals, out, attrs) or second(avals, out, attrs)
+    accepts.__doc__ = f"{first.__doc__} and {second.__doc__}"
+    return accepts
+
+
+_WINOGRAD = "numba.winograd_input+numpy.matmul+numba.winograd_output"
+_IMG2COL = "numba.img2col+numpy.matmul+numba.to_nchw"
+_FLOATS = conv_gemm.float_operands
+
+register_impl("conv2d", "cpu", winograd.conv2d_winograd_out, name=_WINOGRAD,
+              accepts=_both(_FLOATS, winograd.winograd_accepts))
+register_impl("conv2d", "cpu", conv_gemm.conv2d_gemm_out, name=_IMG2COL, accepts=_FLOATS)
+register_impl("fused_conv", "cpu", winograd.fused_conv_winograd_out, name=_WINOGRAD,
+              accepts=_both(conv_gemm.per_channel_bias, winograd.winograd_accepts))
+register_impl("fused_conv", "cpu", conv_gemm.fused_conv_gemm_out, name=_IMG2COL,
+              accepts=conv_gemm.per_channel_bias)
+register_impl("conv2d_grad_weight", "cpu", conv_gemm.conv2d_grad_weight_gemm_out,
+              name="numba.img2col+numba.to_rows+numpy.matmul", accepts=_FLOATS)
+register_impl("conv2d_grad_input", "cpu", winograd.conv2d_grad_input_winograd_out,
+              name=_WINOGRAD, accepts=_both(_FLOATS, winograd.winograd_grad_input_accepts))
+register_impl("conv2d_grad_input", "cpu", conv_gemm.conv2d_grad_input_gemm_out,
+              name="numba.to_rows+numpy.matmul+numba.col2img", accepts=_FLOATS)
+
+for _op, _kernel in (("max_pool2d", pooling.max_pool2d_out),
+                     ("max_pool2d_scatter", pooling.max_pool2d_scatter_out),
+                     ("max_pool2d_select", pooling.max_pool2d_select_out),
+                     ("avg_pool2d", pooling.avg_pool2d_out),
+                     ("avg_pool2d_grad", pooling.avg_pool2d_grad_out)):
+    register_impl(_op, "cpu", _kernel, name=f"numba.{_op.replace('2d', '')}",
+                  accepts=_FLOATS)

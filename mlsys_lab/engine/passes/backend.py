@@ -106,7 +106,10 @@ def layout_transform(graph, to="NHWC", cancel=True):
     rw, region = Rewriter(graph), set()
     for n in graph.nodes:
         ins = [rw[v] for v in n.inputs]
-        if nhwc_op(n.op) is not None and len(ins[0].shape) == 4:
+        channels_last = nhwc_op(n.op) is not None and len(ins[0].shape) == 4
+        if channels_last and ("dilation" in n.attrs or "groups" in n.attrs):
+            channels_last = False  # the NHWC kernels have neither: the node stays NCHW
+        if channels_last:
             nhwc = [_transpose(rw, ins[0], TO_NHWC, n)]
             if n.op == "conv2d":
                 nhwc.append(_transpose(rw, ins[1], OIHW_TO_HWIO, n))

@@ -50,8 +50,10 @@ def _fused_linear(a, w, b, activation=None):
     return _epilogue(np.matmul(a, w), b, activation)
 
 
-def _fused_conv(x, w, b, activation=None, stride=(1, 1), padding=(0, 0)):
-    y = get("conv2d").compute(x, w, stride=stride, padding=padding)
+def _fused_conv(x, w, b, activation=None, **conv_attrs):
+    """``act(conv2d(x, w, **conv_attrs) + b)``: every attr of conv2d (stride, padding and any
+    it gains, such as dilation and groups) passes through to it."""
+    y = get("conv2d").compute(x, w, **conv_attrs)
     y = np.asarray(y)
     return _epilogue(y if y.flags.writeable else y.copy(), b, activation)
 
