@@ -15,8 +15,6 @@ Sections:
 """
 
 import argparse
-import os
-import shutil
 import subprocess
 import sys
 
@@ -116,10 +114,12 @@ def _call(comm, x, kind, algo):
 
 def mpi_section():
     print("\n3. Real processes (MPI, MPICH from PyPI)")
-    here = os.path.dirname(sys.executable)
-    mpiexec = shutil.which("mpiexec", path=here + os.pathsep + os.environ.get("PATH", ""))
     try:
         import mpi4py  # noqa: F401
+
+        from mlsys_lab.distributed.mpi import find_mpiexec
+
+        mpiexec = find_mpiexec()
     except ImportError:
         mpiexec = None
     if mpiexec is None:

@@ -2,7 +2,6 @@
 -n 4 on this machine) against MPI's routines, point-to-point, timeouts and the command line."""
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -130,8 +129,9 @@ SCRIPT = textwrap.dedent('''
 
 
 def mpiexec():
-    here = os.path.dirname(sys.executable)
-    found = shutil.which("mpiexec", path=here + os.pathsep + os.environ.get("PATH", ""))
+    from mlsys_lab.distributed.mpi import find_mpiexec
+
+    found = find_mpiexec()
     if found is None:
         pytest.fail("mpi4py is installed but mpiexec is not (pip install mpich mpi4py)")
     return found

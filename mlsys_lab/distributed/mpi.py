@@ -48,6 +48,22 @@ from .comm import (
     fill,
 )
 
+
+def find_mpiexec():
+    """The ``mpiexec`` that pip's ``mpich`` wheel installed (beside this Python, in the scripts
+    folder of a ``--user`` install) or the first on ``PATH``; None when there is none."""
+    import os
+    import shutil
+    import sysconfig
+
+    folders = [os.path.dirname(sys.executable), sysconfig.get_path("scripts")]
+    try:
+        folders.append(sysconfig.get_path("scripts", f"{os.name}_user"))
+    except KeyError:
+        pass
+    return shutil.which("mpiexec", path=os.pathsep.join([*folders, os.environ.get("PATH", "")]))
+
+
 try:
     from mpi4py import MPI
 except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
