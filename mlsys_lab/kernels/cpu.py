@@ -15,19 +15,29 @@ wrapper checks shapes and dtypes (raising :class:`~mlsys_lab.errors.ShapeError` 
 strided views work; the jitted kernel behind it does the arithmetic. Any sizes work: the blocked
 kernels clip their tiles at the matrix edges.
 
+The packed rung's register tile and cache blocks depend on the instruction set Numba compiles for
+and on the cache sizes (:mod:`.cpu_config`): :data:`CONFIG` is this process's choice, and
+``matmul_packed(a, b, config="avx2")`` forces any configuration on any machine.
+
 Compute intensity in the docstrings is FLOPs per byte moved between main memory (or the cache
 level named) and the core, for ``s``-byte elements (``s = 4`` for float32).
 """
 
 from __future__ import annotations
 
+import functools
+import re
+
 import numba
 import numpy as np
+from llvmlite import ir as llvmir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..errors import DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError
+from . import cpu_config
+from .cpu_config import Blocking, PackedConfig
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -40,16 +50,15 @@ TILE_I, TILE_J, TILE_K = 64, 256, 128
 """Cache tile of the ``tiled`` and ``parallel`` rungs: C tile TILE_I×TILE_J, K in TILE_K steps
 (A tile 32 KiB + B tile 128 KiB in float32: they fit the L2 cache)."""
 
-MR, NR = 4, 64
-"""Register tile of the ``packed`` micro-kernel: MR×NR accumulators. 4×64 float32 is 16 AVX-512
-registers (4 rows × 4 vectors of 16 lanes); LLVM's vectoriser handles this shape well."""
+CONFIG = cpu_config.selected()
+"""The packed rung's configuration for the code Numba emits in this process, and why
+(:func:`.cpu_config.choose`); ``print(CONFIG)`` describes it."""
 
-KC, MC, NC = 512, 256, 128
-"""Cache blocks of the ``packed`` rung. Each ``prange`` iteration owns an MC×NC block of C and
-walks K in KC steps: the KC×NC block of packed B (256 KiB float32) stays in L2 while each
-MR×KC micro-panel of A (8 KiB) sits in L1 and meets every NR-wide panel of the B block."""
-
-_ACC_SIZE = MR * NR  # a compile-time constant for the stack buffer
+_FLOAT32_BLOCKING = CONFIG.blocking(np.float32)
+MR, NR = _FLOAT32_BLOCKING.mr, _FLOAT32_BLOCKING.nr
+KC, MC, NC = _FLOAT32_BLOCKING.kc, _FLOAT32_BLOCKING.mc, _FLOAT32_BLOCKING.nc
+"""The ``packed`` rung's float32 register tile (MR×NR) and cache blocks (KC, MC, NC) on this
+machine: an MC×KC block of packed A fills half of L2, KC ≈ 4·MC (:mod:`.cpu_config`)."""
 
 
 def flops(m: int, n: int, k: int) -> int:
@@ -129,11 +138,7 @@ def _parallel_kernel(a, b, c):
 
 @intrinsic
 def _stack_buffer(typingctx, size, dtype):
-    """A pointer to ``size`` elements of ``dtype`` on the stack (``size`` a compile-time int).
-
-    A stack buffer of constant size, indexed with constants once its loops are unrolled, is one
-    LLVM can promote to registers; a heap array from ``np.zeros`` it cannot.
-    """
+    """A pointer to ``size`` elements of ``dtype`` on the stack (``size`` a compile-time int)."""
     if not isinstance(size, types.IntegerLiteral):
         return None  # numba retries with the literal value
     count = size.literal_value
@@ -144,67 +149,211 @@ def _stack_buffer(typingctx, size, dtype):
     return types.CPointer(dtype.dtype)(size, dtype), codegen
 
 
-@njit(parallel=True, **_JIT)
-def _pack_a(a):
-    """A (m×k) → panels[m/MR, k, MR]: each MR-row panel column-by-column, zero-padded."""
-    m, k = a.shape
-    panels = np.zeros(((m + MR - 1) // MR, k, MR), a.dtype)
-    for r in prange(panels.shape[0]):
-        rows = min(MR, m - r * MR)
-        panels[r, :, :rows] = a[r * MR : r * MR + rows, :].T
-    return panels
+def _c_matrix(ty, dtype=None):
+    return (isinstance(ty, types.Array) and ty.ndim == 2 and ty.layout == "C"
+            and (dtype is None or ty.dtype == dtype))
 
 
-@njit(parallel=True, **_JIT)
-def _pack_b(b):
-    """B (k×n) → panels[n/NR, k, NR]: each NR-column panel row-by-row, zero-padded."""
-    k, n = b.shape
-    panels = np.zeros(((n + NR - 1) // NR, k, NR), b.dtype)
-    for s in prange(panels.shape[0]):
-        cols = min(NR, n - s * NR)
-        panels[s, :, :cols] = b[:, s * NR : s * NR + cols]
-    return panels
+@intrinsic
+def _register_tile(typingctx, a_panel, b_panel, c, i0, j0, mr, vectors, lanes):
+    """``c[i0:i0+MR, j0:j0+NR] += a_panel.T @ b_panel`` in ``MR·vectors`` vector registers.
+
+    ``a_panel`` is (kc, MR) and ``b_panel`` (kc, NR) packed rows, ``NR = vectors·lanes``; the
+    tile must lie inside ``c``. Written as LLVM vector IR because the auto-vectoriser picks a
+    different shape for every tile and target (a 6×16 tile for haswell came out scalar, with the
+    tile in memory): here each accumulator *is* one ``<lanes × float>`` value, and per step of k
+    the loop loads ``vectors`` vectors of B, broadcasts each of the MR elements of A and does
+    ``MR·vectors`` multiply-adds, which LLVM fuses into FMA instructions where the target has
+    them.
+    """
+    literals = (mr, vectors, lanes)
+    if not all(isinstance(x, types.IntegerLiteral) for x in literals):
+        return None
+    if not (_c_matrix(a_panel) and _c_matrix(b_panel, a_panel.dtype)
+            and _c_matrix(c, a_panel.dtype)):
+        return None
+    rows, width, count = (x.literal_value for x in literals)
+
+    def codegen(context, builder, signature, args):
+        a_arr, b_arr, c_arr = (context.make_array(ty)(context, builder, value)
+                               for ty, value in zip(signature.args[:3], args[:3]))
+        i0_, j0_ = (context.cast(builder, v, ty, types.intp)
+                    for v, ty in zip(args[3:5], signature.args[3:5]))
+        element = context.get_value_type(signature.args[0].dtype)
+        ldc = cgutils.unpack_tuple(builder, c_arr.shape)[1]
+        c_rows = [builder.gep(c_arr.data, [builder.add(builder.mul(builder.add(i0_, _i64(i)),
+                                                                   ldc), j0_)])
+                  for i in range(rows)]
+        accs, loop, done = _emit_k_loop(context, builder, element, a_arr, b_arr, rows, width,
+                                        count)
+        builder.position_at_end(done)
+        for i, row in enumerate(c_rows):
+            for v in range(width):
+                where = builder.bitcast(builder.gep(row, [_i64(v * count)]),
+                                        llvmir.VectorType(element, count).as_pointer())
+                old = builder.load(where, align=context.get_abi_sizeof(element))
+                total = builder.fadd(old, accs[i * width + v], flags=_FAST)
+                builder.store(total, where, align=context.get_abi_sizeof(element))
+        return context.get_dummy_value()
+
+    return types.none(a_panel, b_panel, c, i0, j0, mr, vectors, lanes), codegen
+
+
+_FAST = ("fast",)
+
+def _i64(value):
+    return llvmir.Constant(llvmir.IntType(64), value)
+
+
+def _emit_k_loop(context, builder, element, a_arr, b_arr, rows, width, count):
+    """Emit ``for p in range(kc)``: the rank-1 update of the accumulators; return them (the
+    loop's phi values), the loop block and the exit block (the builder is left in neither)."""
+    vector = llvmir.VectorType(element, count)
+    align = context.get_abi_sizeof(element)
+    kc = cgutils.unpack_tuple(builder, a_arr.shape)[0]
+    entry = builder.basic_block
+    loop, body, done = (builder.append_basic_block(f"tile.{n}") for n in ("loop", "body", "done"))
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    p = builder.phi(llvmir.IntType(64))
+    p.add_incoming(_i64(0), entry)
+    zero = llvmir.Constant(vector, [0.0] * count)
+    accs = [builder.phi(vector) for _ in range(rows * width)]
+    for acc in accs:
+        acc.add_incoming(zero, entry)
+    builder.cbranch(builder.icmp_signed("<", p, kc), body, done)
+
+    builder.position_at_end(body)
+    b_row = builder.gep(b_arr.data, [builder.mul(p, _i64(width * count))])
+    b_vectors = [builder.load(builder.bitcast(builder.gep(b_row, [_i64(v * count)]),
+                                              vector.as_pointer()), align=align)
+                 for v in range(width)]
+    a_row = builder.gep(a_arr.data, [builder.mul(p, _i64(rows))])
+    undef = llvmir.Constant(vector, llvmir.Undefined)
+    lane0 = llvmir.Constant(llvmir.IntType(32), 0)
+    splat = llvmir.Constant(llvmir.VectorType(llvmir.IntType(32), count), [0] * count)
+    updated = []
+    for i in range(rows):
+        a_ip = builder.load(builder.gep(a_row, [_i64(i)]))
+        a_vec = builder.shuffle_vector(builder.insert_element(undef, a_ip, lane0), undef, splat)
+        for v in range(width):
+            product = builder.fmul(a_vec, b_vectors[v], flags=_FAST)
+            updated.append(builder.fadd(accs[i * width + v], product, flags=_FAST))
+    p.add_incoming(builder.add(p, _i64(1)), body)
+    for acc, value in zip(accs, updated):
+        acc.add_incoming(value, body)
+    builder.branch(loop)
+    return accs, loop, done
+
+
+@functools.lru_cache(maxsize=None)
+def _micro_kernel(mr, vectors, lanes):
+    """The micro-kernel for an ``mr × (vectors·lanes)`` register tile, compiled per tile shape.
+
+    A full tile goes straight into C; a tile that overhangs C's edge is computed into a zeroed
+    stack buffer and only its inside is added.
+    """
+    nr = vectors * lanes
+    size = mr * nr
+
+    @njit(**_JIT)
+    def micro_kernel(a_panel, b_panel, c, i0, j0):
+        if i0 + mr <= c.shape[0] and j0 + nr <= c.shape[1]:
+            _register_tile(a_panel, b_panel, c, i0, j0, mr, vectors, lanes)
+            return
+        edge = numba.carray(_stack_buffer(size, c.dtype), (mr, nr))
+        for i in range(mr):
+            for j in range(nr):
+                edge[i, j] = 0
+        _register_tile(a_panel, b_panel, edge, 0, 0, mr, vectors, lanes)
+        for i in range(min(mr, c.shape[0] - i0)):
+            for j in range(min(nr, c.shape[1] - j0)):
+                c[i0 + i, j0 + j] += edge[i, j]
+
+    return micro_kernel
 
 
 @njit(**_JIT)
-def _micro_kernel(a_panel, b_panel, c, i0, j0, p0, p1):
-    """c[i0:i0+MR, j0:j0+NR] += a_panel[p0:p1].T @ b_panel[p0:p1], clipped to c's edges."""
-    acc = numba.carray(_stack_buffer(_ACC_SIZE, c.dtype), (MR, NR))
-    for i in range(MR):
-        for j in range(NR):
-            acc[i, j] = 0
-    for p in range(p0, p1):  # one rank-1 update of the MR×NR register tile per step
-        for i in range(MR):
-            a_ip = a_panel[p, i]
-            for j in range(NR):
-                acc[i, j] += a_ip * b_panel[p, j]
-    rows = min(MR, c.shape[0] - i0)
-    cols = min(NR, c.shape[1] - j0)
-    if rows == MR and cols == NR:  # full tile: constant trip counts vectorise
-        for i in range(MR):
-            for j in range(NR):
-                c[i0 + i, j0 + j] += acc[i, j]
-    else:
-        for i in range(rows):
-            for j in range(cols):
-                c[i0 + i, j0 + j] += acc[i, j]
+def _pack_a(a, panels, i0, p0, p1):
+    """A[i0:i0+MC, p0:p1] → panels[MC/MR, p1-p0, MR]: MR-row panels column by column,
+    zero-padded past the last row of A. Packed per block, by the thread that uses it (in L2)."""
+    mr = panels.shape[2]
+    for r in range(panels.shape[0]):
+        for i in range(mr):
+            row = i0 + r * mr + i
+            if row < a.shape[0]:
+                for p in range(p1 - p0):
+                    panels[r, p, i] = a[row, p0 + p]
+            else:
+                for p in range(p1 - p0):
+                    panels[r, p, i] = 0
 
 
 @njit(parallel=True, **_JIT)
-def _packed_kernel(a, b, c):
+def _pack_b(b, panels):
+    """B (k×n) → panels[n/NR, k, NR]: each NR-column panel row by row, zero-padded.
+
+    Blocks of 64 rows of B in parallel, each walking its rows left to right: a thread touches
+    64 pages of B at a time, where one panel after another would touch all k (a TLB miss per
+    row once B outgrows the TLB's reach).
+    """
+    k, n = b.shape
+    nr = panels.shape[2]
+    for block in prange((k + 63) // 64):
+        for s in range(panels.shape[0]):
+            cols = min(nr, n - s * nr)
+            for p in range(block * 64, min(k, block * 64 + 64)):
+                for j in range(cols):
+                    panels[s, p, j] = b[p, s * nr + j]
+                for j in range(cols, nr):
+                    panels[s, p, j] = 0
+
+
+@njit(parallel=True, **_JIT)
+def _packed_kernel(a, b, c, a_buffers, b_panels, micro_kernel, kc, mc, nc):
+    """BLIS loop nest around ``micro_kernel`` (one compiled copy per micro-kernel).
+
+    ``b_panels`` receives all of packed B; ``a_buffers[t]`` is thread t's MC×KC block of packed
+    A, reused for every block that thread multiplies (it stays in that core's L2).
+    """
     m, k = a.shape
     n = b.shape[1]
-    a_panels = _pack_a(a)
-    b_panels = _pack_b(b)
-    col_blocks = (n + NC - 1) // NC
-    for block in prange(((m + MC - 1) // MC) * col_blocks):  # one MC×NC block of C each
-        ic = (block // col_blocks) * MC
-        jc = (block % col_blocks) * NC
-        for pc in range(0, k, KC):
-            pe = min(k, pc + KC)
-            for ir in range(ic, min(m, ic + MC), MR):  # an A micro-panel stays in L1 ...
-                for jr in range(jc, min(n, jc + NC), NR):  # ... and meets the L2-resident B block
-                    _micro_kernel(a_panels[ir // MR], b_panels[jr // NR], c, ir, jr, pc, pe)
+    mr, nr = a_buffers.shape[3], b_panels.shape[2]
+    _pack_b(b, b_panels)
+    col_blocks = (n + nc - 1) // nc
+    for block in prange(((m + mc - 1) // mc) * col_blocks):  # one MC×NC block of C each
+        ic = (block // col_blocks) * mc
+        jc = (block % col_blocks) * nc
+        a_panels = a_buffers[numba.get_thread_id(), : (min(mc, m - ic) + mr - 1) // mr]
+        for pc in range(0, k, kc):
+            pe = min(k, pc + kc)
+            _pack_a(a, a_panels, ic, pc, pe)
+            for jr in range(jc, min(n, jc + nc), nr):  # a KC×NR panel of B stays in L1/L2 ...
+                b_panel = b_panels[jr // nr, pc:pe]
+                for r in range(a_panels.shape[0]):  # ... meeting the MC×KC block of A (L2)
+                    micro_kernel(a_panels[r, : pe - pc], b_panel, c, ic + r * mr, jr)
+
+
+def _balanced_blocks(m, n, blocking, threads):
+    """MC, NC no larger than ``blocking``'s, MC cut so that the MC×NC blocks of C divide evenly
+    among ``threads`` where a few more row blocks allow it (1024 rows in MC = 450 would make 3
+    blocks: one thread would do 2, the other 1)."""
+    col_blocks = _ceil_div(n, blocking.nc)
+    nc = _round_up(_ceil_div(n, col_blocks), blocking.nr)
+    fewest = _ceil_div(m, blocking.mc)
+    for row_blocks in range(fewest, fewest + 4 * threads):
+        mc = _round_up(_ceil_div(m, row_blocks), blocking.mr)
+        if (_ceil_div(m, mc) * col_blocks) % threads == 0:
+            return mc, nc
+    return _round_up(_ceil_div(m, fewest), blocking.mr), nc
+
+
+def _round_up(x, unit):
+    return _ceil_div(x, unit) * unit
+
+
+def _ceil_div(x, y):
+    return -(-x // y)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -335,24 +484,33 @@ def matmul_parallel(a, b):
     return c
 
 
-def matmul_packed(a, b):
+def matmul_packed(a, b, config: str | PackedConfig | None = None,
+                  blocking: Blocking | None = None):
     """The BLIS/Goto GEMM: packed panels and an MR×NR register-blocked micro-kernel.
 
     Adds over ``parallel``: (1) *packing* - A is copied into MR-row panels and B into NR-column
     panels, each stored in the exact order the micro-kernel reads it, so every load is
-    contiguous and TLB-friendly and edge tiles are zero-padded; (2) *register blocking*
-    - the micro-kernel keeps an MR×NR tile of C in registers (a stack buffer LLVM promotes) and
-    per step of k loads MR elements of A and NR of B for ``2·MR·NR`` FLOPs; (3) KC×NC blocks of B
-    sized for the L2 cache, MR×KC micro-panels of A for L1; ``prange`` over MC×NC blocks of C,
-    each written by one thread only.
+    contiguous and TLB-friendly and edge tiles are zero-padded; (2) *register blocking* - the
+    micro-kernel keeps an MR×NR tile of C in vector registers (``MR · NR/lanes`` accumulators)
+    and per step of k loads NR elements of B and broadcasts MR of A for ``2·MR·NR`` FLOPs;
+    (3) *cache blocking* - a KC×NR panel of B (in L1 or L2) meets the MR-row panels of an
+    MC×KC block of A, which each thread packs into its own buffer and keeps in its core's L2;
+    ``prange`` over MC×NC blocks of C, each written by one thread only. The tile and blocks
+    depend on the instruction set Numba compiles for and on the cache sizes
+    (:mod:`.cpu_config`; :data:`CONFIG` is this machine's choice).
 
-    Compute intensity: from registers' view ``2·MR·NR / (MR + NR)`` = 7.5 FLOPs per element
-    loaded from L1; from memory, a KC-deep MC×NC block does ``2·MC·NC / ((MC + NC)·s)`` =
-    2·256·128/(384·4) ≈ 42.7 FLOP/byte in float32.
+    Compute intensity: from registers' view ``2·MR·NR / (MR + NR)`` FLOPs per element loaded
+    from L1 (12×32 float32: 17.5); from memory, a KC-deep MC×NC block does
+    ``2·MC·NC / ((MC + NC)·s)`` FLOP/byte (``s`` bytes an element).
 
     Args:
         a: (m, k) float32 or float64 array.
         b: (k, n) array of the same dtype.
+        config: A name in :data:`.cpu_config.CONFIGS` (``"avx512"``, ``"avx2"``,
+            ``"portable"``) or a :class:`.cpu_config.PackedConfig`; every one is correct on
+            every machine. None: :data:`CONFIG`, the one for this machine.
+        blocking: A :class:`.cpu_config.Blocking` with the config's tile for this dtype, to
+            override the cache blocks (tests use tiny ones). None: from the cache sizes.
 
     Returns:
         The (m, n) product, same dtype.
@@ -360,10 +518,44 @@ def matmul_packed(a, b):
     Raises:
         ShapeError: the operands are not 2-D or their inner dimensions differ.
         DTypeError: the dtypes differ or are not float32/float64.
+        UnknownNameError: ``config`` names no configuration.
+        ArgumentError: ``blocking`` does not suit the configuration.
     """
     a, b, c = _prepare(a, b, "packed")
-    _packed_kernel(a, b, c)
+    chosen = CONFIG.config if config is None else cpu_config.get_config(config)
+    blocks = chosen.blocking(a.dtype) if blocking is None else blocking
+    blocks.check(chosen, a.dtype)
+    if c.size == 0 or a.shape[1] == 0:
+        return c
+    (m, k), n, threads = a.shape, b.shape[1], numba.get_num_threads()
+    mc, nc = _balanced_blocks(m, n, blocks, threads)
+    micro_kernel = _micro_kernel(chosen.mr, chosen.vectors, chosen.lanes(a.dtype))
+    # numpy allocates the buffers: it asks for huge pages for large arrays (fewer page faults
+    # and TLB misses than Numba's allocator).
+    b_panels = np.empty((_ceil_div(n, blocks.nr), k, blocks.nr), a.dtype)
+    a_buffers = np.empty((threads, _ceil_div(mc, blocks.mr), min(blocks.kc, k), blocks.mr),
+                         a.dtype)
+    _packed_kernel(a, b, c, a_buffers, b_panels, micro_kernel, blocks.kc, mc, nc)
     return c
+
+
+def emitted_fmas(config: str | PackedConfig | None = None, dtype=np.float32) -> dict[str, int]:
+    """Vector multiply-add instructions in the compiled micro-kernel, by register class.
+
+    What LLVM actually emitted for the configuration's tile on this process's target: on
+    x86 ``{"zmm": ..., "ymm": ..., "xmm": ...}`` counts ``vfmadd`` (an avx512 tile compiled
+    for haswell shows ymm only), on ARM ``{"v": ...}`` counts ``fmla``. Compiles the
+    micro-kernel for ``dtype`` if needed.
+    """
+    chosen = CONFIG.config if config is None else cpu_config.get_config(config)
+    kernel = _micro_kernel(chosen.mr, chosen.vectors, chosen.lanes(dtype))
+    mr, nr = chosen.tile(dtype)
+    kernel(np.zeros((1, mr), dtype), np.zeros((1, nr), dtype), np.zeros((mr, nr), dtype), 0, 0)
+    asm = "\n".join(kernel.inspect_asm().values())
+    x86 = re.findall(r"\bvfn?madd\w*\s+([^\n]*)", asm)
+    if x86:
+        return {reg: sum(f"%{reg}" in line for line in x86) for reg in ("zmm", "ymm", "xmm")}
+    return {"v": len(re.findall(r"\bfmla\s+v", asm))}
 
 
 VARIANTS = {
@@ -376,20 +568,22 @@ VARIANTS = {
 """The ladder, slowest rung first: name → ``f(a, b) -> a @ b``."""
 
 
-def matmul(a, b, variant: str = "packed"):
+def matmul(a, b, variant: str = "packed", config: str | PackedConfig | None = None):
     """``a @ b`` with the named rung of the CPU ladder (see :data:`VARIANTS`).
 
     Args:
         a: (m, k) float32 or float64 array.
         b: (k, n) array of the same dtype.
         variant: a key of :data:`VARIANTS`.
+        config: for ``variant="packed"`` only: its configuration (see :func:`matmul_packed`).
 
     Returns:
         The (m, n) product, same dtype.
 
     Raises:
         ValueError: unknown ``variant``.
-        ShapeError, DTypeError: as the variant's function.
+        ArgumentError: ``config`` given for a variant other than ``"packed"``.
+        ShapeError, DTypeError, UnknownNameError: as the variant's function.
     """
     try:
         kernel = VARIANTS[variant]
@@ -397,4 +591,9 @@ def matmul(a, b, variant: str = "packed"):
         raise ValueError(
             f"matmul: unknown CPU variant {variant!r}; choose one of {list(VARIANTS)}"
         ) from None
-    return kernel(a, b)
+    if config is None:
+        return kernel(a, b)
+    if variant != "packed":
+        raise ArgumentError(f"matmul: config={config!r} applies to variant 'packed' only, "
+                            f"not {variant!r}")
+    return kernel(a, b, config=config)
