@@ -8,6 +8,9 @@ Sections:
    the batched path against the message-by-message path at p = 64 (same times, data, trace).
 2. Simulated / analytic time per algorithm (alpha-beta formulas of ``cost``), with nccl-tests'
    algbw and busbw of the simulated run.
+2b. The one-port model (``sim.Cluster(one_port=True)``) against the book's cost table for the
+   rooted collectives and the direct algorithms, at a power of two and not.
+2c. Max-min fair sharing against first-come-first-served reservation where links are shared.
 3. On 2 real MPI processes: the ring all-reduce's bus bandwidth against ``MPI_Allreduce`` on
    the same 16 MiB buffer (target >= 0.7x); 4 processes only check correctness (on 2 cores they
    measure the OS scheduler).
@@ -15,6 +18,7 @@ Sections:
 """
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -107,6 +111,57 @@ def algorithm_section():
           f" x its formula (partners far apart share the ring's links)")
 
 
+def one_port_section():
+    print("\n2b. One-port model (a rank sends one and receives one message at a time) vs the "
+          "cost table")
+    print(f"   {'collective':10s} {'algo':9s} {'p':>3s} {'default':>9s} {'one-port':>9s} "
+          f"{'formula':>9s} {'ratio':>7s} {'busbw default':>13s} {'busbw 1-port':>12s}")
+    n = 4 * 2**20
+    for p in (12, 16):
+        for kind, algo in (("broadcast", "binomial"), ("reduce", "binomial"),
+                           ("gather", "binomial"), ("gather", "direct"),
+                           ("scatter", "binomial"), ("scatter", "direct"),
+                           ("alltoall", "direct"), ("reduce", "ring")):
+            per = n // 4 // p if kind == "gather" else n // 4
+            if kind == "scatter":
+                per -= per % p
+            nbytes = per * 4 * (p if kind == "gather" else 1)
+            xs = [np.ones(per, np.float32) for _ in range(p)]
+            if kind in ("scatter", "broadcast"):
+                xs = [xs[0] if r == 0 else None for r in range(p)]
+            times = {}
+            for one_port in (False, True):
+                cluster = sim.Cluster(sim.fully_connected(p, ALPHA, BETA), one_port=one_port)
+                times[one_port] = sim.run(cluster, _call, args=[(x, kind, algo) for x in xs],
+                                          trace=False).time
+            formula = cost.collective_time(kind, algo, p, nbytes, ALPHA, BETA, one_port=True)
+            print(f"   {kind:10s} {algo:9s} {p:3d} {times[False] * 1e3:9.3f} "
+                  f"{times[True] * 1e3:9.3f} {formula * 1e3:9.3f} {times[True] / formula:7.4f} "
+                  f"{cost.busbw(kind, nbytes, times[False], p) / 1e9:13.1f} "
+                  f"{cost.busbw(kind, nbytes, times[True], p) / 1e9:12.1f}")
+    print("   (ms; without the port limit a root takes all its messages at once, so 'direct' "
+          "looks like one message)")
+
+
+def sharing_section():
+    print("\n2c. Link sharing: first come first served vs max-min fair (p=16, 1 MiB float32)")
+    p, n = 16, 2**18
+    xs = [(np.ones(n, np.float32),)] * p
+    cases = (("recursive_doubling", "ring", lambda: sim.ring(p, ALPHA, BETA)),
+             ("ring", "tree (fat=1)", lambda: sim.tree(p, 2, ALPHA, BETA)),
+             ("pairwise a2a", "fully connected", lambda: sim.fully_connected(p, ALPHA, BETA)))
+    print(f"   {'algo':19s} {'topology':16s} {'fifo ms':>9s} {'fair ms':>9s} "
+          f"{'formula (no contention)':>24s}")
+    for algo, name, topo in cases:
+        kind, algo = ("alltoall", "pairwise") if algo == "pairwise a2a" else ("allreduce", algo)
+        times = [sim.run(sim.Cluster(topo(), sharing=sharing), _call,
+                         args=[(x, kind, algo) for (x,) in xs], trace=False,
+                         batched=False).time for sharing in ("fifo", "fair")]
+        formula = cost.collective_time(kind, algo, p, 4 * n, ALPHA, BETA)
+        print(f"   {algo:19s} {name:16s} {times[0] * 1e3:9.3f} {times[1] * 1e3:9.3f} "
+              f"{formula * 1e3:24.3f}")
+
+
 def _call(comm, x, kind, algo):
     fn = getattr(coll, kind)
     return (yield from fn(comm, x, algo=algo))
@@ -153,8 +208,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-mpi", action="store_true")
     options = parser.parse_args()
+    print("load average (1, 5, 15 min): " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     scale_section(options.repeats)
     algorithm_section()
+    one_port_section()
+    sharing_section()
     if not options.no_mpi:
         mpi_section()
     dp_step_section()

@@ -291,3 +291,24 @@ def test_every_algorithm_at_p64_with_a_size_p_does_not_divide(dtype):
     for algo in coll.ALGORITHMS["broadcast"]:
         for got in simulate("broadcast", xs, algo, root=37).results:
             np.testing.assert_array_equal(got, xs[37])
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 6, 8, 13])
+def test_binomial_tree_is_the_lowest_set_bit_tree(p):
+    """Parent = v minus its lowest set bit; children below that bit; spans tile the ranks."""
+    from mlsys_lab.distributed.collectives import binomial_tree, tree_links
+
+    parent, children, span = binomial_tree(p)
+    for v in range(1, p):
+        assert parent[v] == v - (v & -v)
+        assert v in children[parent[v]]
+    assert parent[0] is None and span[0] == p
+    for v in range(p):
+        assert children[v] == sorted(children[v])
+        assert span[v] == 1 + sum(span[c] for c in children[v])
+        covered = [v] + [u for c in children[v] for u in range(c, c + span[c])]
+        assert covered == list(range(v, v + span[v]))
+    (pa, ch, root, height, depth), = tree_links(p, "binomial")
+    assert (pa, ch, root) == (parent, children, 0)
+    assert len(children[0]) == (p - 1).bit_length()  # the root sends ceil(log2 p) times
+    assert max(depth) == max(bin(v).count("1") for v in range(p))

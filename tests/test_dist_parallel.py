@@ -80,6 +80,52 @@ def test_bucketing_fewer_messages_less_alpha_cost():
     assert unfused.time - fused.time == pytest.approx(extra, rel=1e-6)
 
 
+def test_dp_overlap_hides_all_reduce_behind_the_backward_exactly_as_the_chain_predicts():
+    """DDP overlap: bucket b's all-reduce starts when its backward share is done and after the
+    previous bucket's; the step ends with the last. Checked against that recurrence, with
+    each all-reduce costing the ring formula (every bucket's size divisible by p)."""
+    from mlsys_lab.distributed import cost
+
+    p, n, steps, flops = 4, 8, 2, 1e9
+    model = f64(ml.nn.Sequential(ml.nn.Linear(8, 16, rng=0), ml.nn.Tanh(),
+                                 ml.nn.Linear(16, 4, rng=1)))
+    data = batches(steps, n, d_in=8, d_out=4)
+    opt = OPTIMIZERS["sgd_momentum"]
+    alpha, beta, fps = 2e-6, 1 / 5e9, 2e4
+    runs = {ov: dp.data_parallel_train(model, opt, mse, data,
+                                       sim.Cluster(sim.ring(p, alpha, beta, flops=flops)),
+                                       bucket_bytes=0, flops_per_sample=fps, overlap=ov)
+            for ov in (False, True)}
+    want, _ = dp.single_device_train(model, opt, mse, data)
+    for r in runs.values():
+        assert max_diff(r.state, want) < 1e-12 and r.max_replica_difference == 0.0
+    assert max_diff(runs[True].state, runs[False].state) == 0.0
+    params = model.parameters()
+    sizes = [q.data.size for q in params]
+    compute = fps * (n // p) / flops  # seconds of forward + backward per step
+    ar = {i: cost.collective_time("allreduce", "ring", p, 8 * sizes[i], alpha, beta)
+          for i in range(len(params))}
+    order = list(reversed(range(len(params))))  # one bucket per parameter, last first
+    assert runs[False].time == pytest.approx(steps * (compute + sum(ar.values())), rel=1e-9)
+    t, end = 0.0, 0.0
+    for _ in range(steps):
+        ready = t + compute / 3
+        for i in order:
+            ready += compute * 2 / 3 * sizes[i] / sum(sizes)
+            end = max(ready, end) + ar[i]
+        t = end
+    assert runs[True].time == pytest.approx(t, rel=1e-9)
+    assert runs[True].time < 0.8 * runs[False].time
+    assert runs[True].compute == pytest.approx(runs[False].compute, rel=1e-12)
+    assert runs[False].compute == pytest.approx(steps * compute, rel=1e-12)
+    assert runs[True].exposed < 0.5 * runs[False].exposed
+    # the overlap is visible: messages move while rank 0 still computes its backward
+    trace = runs[True].result.trace
+    computes = [(e.start, e.end) for e in trace if e.rank == 0 and e.kind == "compute"]
+    sends = [e for e in trace if e.rank == 0 and e.kind == "send"]
+    assert any(a < s.start < b for s in sends for a, b in computes)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=12), st.integers(0, 200))
 def test_make_buckets_is_a_greedy_reverse_partition(sizes, bucket_bytes):
@@ -106,10 +152,13 @@ def _run(p, prog):
     return sim.run(sim.Cluster(sim.ring(p)), prog)
 
 
-@pytest.mark.parametrize("p", [1, 2, 4])
-def test_parallel_mlp_forward_backward_equal_unsplit(p):
-    fc1, fc2 = f64(ml.nn.Linear(6, 8, rng=3)), f64(ml.nn.Linear(8, 5, rng=4))
-    fc1.bias.data[:] = np.linspace(-1, 1, 8)
+@pytest.mark.parametrize("p,hidden,split", [(1, 8, "array"), (2, 8, "array"), (4, 8, "array"),
+                                            (3, 8, "array"), (3, 8, "chunk"), (4, 5, "array"),
+                                            (4, 5, "chunk")])
+def test_parallel_mlp_forward_backward_equal_unsplit(p, hidden, split):
+    """Even and uneven splits; (4, 5, chunk) leaves rank 3 with no hidden unit at all."""
+    fc1, fc2 = f64(ml.nn.Linear(6, hidden, rng=3)), f64(ml.nn.Linear(hidden, 5, rng=4))
+    fc1.bias.data[:] = np.linspace(-1, 1, hidden)
     fc2.bias.data[:] = np.arange(5.0)
     rng = np.random.default_rng(5)
     x, dy = rng.standard_normal((3, 6)), rng.standard_normal((3, 5))
@@ -118,7 +167,7 @@ def test_parallel_mlp_forward_backward_equal_unsplit(p):
     y.backward(ml.tensor(dy))
 
     def prog(comm):
-        mlp = tp.ParallelMLP(fc1, fc2, comm.rank, comm.size)
+        mlp = tp.ParallelMLP(fc1, fc2, comm.rank, comm.size, split=split)
         out = yield from mlp.forward(comm, x)
         after_forward = comm.now()
         dx = yield from mlp.backward(comm, dy)
@@ -129,6 +178,11 @@ def test_parallel_mlp_forward_backward_equal_unsplit(p):
         np.testing.assert_allclose(out, y.numpy(), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
     grads = [r[2] for r in res.results]
+    widths = [g[0].shape[1] for g in grads]
+    want = {"array": [len(b) for b in np.array_split(np.arange(hidden), p)],
+            "chunk": [len(c) for c in np.array_split(np.arange(hidden), range(
+                -(-hidden // p), hidden, -(-hidden // p)))] + [0] * p}[split][:p]
+    assert widths == want
     np.testing.assert_allclose(np.concatenate([g[0] for g in grads], 1), fc1.weight.grad.numpy())
     np.testing.assert_allclose(np.concatenate([g[1] for g in grads]), fc1.bias.grad.numpy())
     np.testing.assert_allclose(np.concatenate([g[2] for g in grads], 0), fc2.weight.grad.numpy())
@@ -138,27 +192,42 @@ def test_parallel_mlp_forward_backward_equal_unsplit(p):
 
 
 @pytest.mark.parametrize("gather", [False, True])
-def test_column_and_row_parallel_linear(gather):
-    lin = f64(ml.nn.Linear(6, 6, rng=7))
-    x = np.random.default_rng(8).standard_normal((5, 6))
-    full = lin(ml.tensor(x)).numpy()
+@pytest.mark.parametrize("width,split", [(6, "array"), (7, "array"), (7, "chunk")])
+def test_column_and_row_parallel_linear(gather, width, split):
+    lin = f64(ml.nn.Linear(width, width, rng=7))
+    rng = np.random.default_rng(8)
+    x, dy = rng.standard_normal((5, width)), rng.standard_normal((5, width))
+    xt = ml.tensor(x, requires_grad=True)
+    full = lin(xt)
+    full.backward(ml.tensor(dy))
+    full = full.numpy()
+    bounds = tp.split_bounds(width, 3, split)
 
     def prog(comm):
-        col = tp.ColumnParallelLinear.from_linear(lin, comm.rank, comm.size, gather_output=gather)
-        row = tp.RowParallelLinear.from_linear(lin, comm.rank, comm.size, input_is_parallel=False)
+        col = tp.ColumnParallelLinear.from_linear(lin, comm.rank, comm.size, split,
+                                                  gather_output=gather)
+        row = tp.RowParallelLinear.from_linear(lin, comm.rank, comm.size, split,
+                                               input_is_parallel=False)
         a = yield from col.forward(comm, x)
         b = yield from row.forward(comm, x)
-        return a, b
+        lo, hi = col.bounds
+        dx = yield from col.backward(comm, dy if gather else dy[:, lo:hi])
+        return a, b, dx, col.weight.grad.numpy()
 
-    for rank, (a, b) in enumerate(_run(3, prog).results):
-        np.testing.assert_allclose(a, full if gather else full[:, 2 * rank:2 * rank + 2],
-                                   rtol=1e-12)
+    for rank, (a, b, dx, dw) in enumerate(_run(3, prog).results):
+        lo, hi = bounds[rank]
+        np.testing.assert_allclose(a, full if gather else full[:, lo:hi], rtol=1e-12)
         np.testing.assert_allclose(b, full, rtol=1e-12)
+        np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(dw, lin.weight.grad.numpy()[:, lo:hi], rtol=1e-12)
 
 
 def test_tensor_parallel_errors():
-    with pytest.raises(ShapeError, match="divisible"):
-        tp.ColumnParallelLinear.from_linear(ml.nn.Linear(4, 6), 0, 4)
+    with pytest.raises(ArgumentError, match="split='pad' is not one of"):
+        tp.ColumnParallelLinear.from_linear(ml.nn.Linear(4, 6), 0, 4, split="pad")
+    with pytest.raises(ShapeError, match="bounds=\\(0, 3\\) hold 3 features but the weight "
+                                         "shard has 2"):
+        tp.RowParallelLinear(np.zeros((2, 4)), None, 0, 2, bounds=(0, 3))
     with pytest.raises(ArgumentError, match="rank 5"):
         tp.RowParallelLinear.from_linear(ml.nn.Linear(4, 6), 5, 2)
     with pytest.raises(ArgumentError, match="activation must be one of"):

@@ -268,6 +268,36 @@ def test_hot_key_replication_balances_servers_same_result():
     assert imbalance(plain) > 2.5 and imbalance(hot) < 0.75 * imbalance(plain)
 
 
+def test_hot_key_replication_in_async_mode_balances_servers_and_converges():
+    from mlsys_lab.distributed import param_server as ps
+
+    prob = ps.SparseRegression(num_features=2000, num_samples=4096, nnz=4, skew=1.2, seed=0)
+    plain = _ps(prob, 4, 8, mode="async", steps=15, partition="range", lr=0.5)
+    hot = _ps(prob, 4, 8, mode="async", steps=15, partition="range", lr=0.5, replicate_hot=50)
+
+    def imbalance(r):
+        return max(r.server_bytes) / np.mean(r.server_bytes)
+
+    assert imbalance(plain) > 2 and imbalance(hot) < 0.75 * imbalance(plain)
+    assert hot.updates == plain.updates and hot.steps == plain.steps == [15] * 8
+    # replicas lag by a refresh's flight, so the tables differ a little, not the progress
+    assert not np.array_equal(hot.weights, plain.weights)
+    assert hot.curve[-1][1] < 0.6 * hot.curve[0][1]
+    assert abs(hot.curve[-1][1] - plain.curve[-1][1]) < 0.01 * plain.curve[0][1]
+
+
+def test_ps_runs_on_the_simulator_and_reports_a_stuck_job():
+    from mlsys_lab.distributed import param_server as ps
+    from mlsys_lab.distributed import sim
+    from mlsys_lab.distributed.comm import DeadlockError
+
+    prob = ps.SparseRegression(num_features=8, num_samples=64, seed=0)
+    job = ps.ParameterServer(prob, sim.fully_connected(3), 1, 2, steps=3)
+    job.needed = 3  # more pushes than there are workers: version 1 never comes
+    with pytest.raises(DeadlockError, match="ParameterServer: workers .* never finished"):
+        job.run()
+
+
 def test_ps_errors():
     from mlsys_lab.distributed import param_server as ps
     from mlsys_lab.distributed import sim
@@ -278,8 +308,8 @@ def test_ps_errors():
         ps.ParameterServer(prob, topo, 1, 2, mode="gossip")
     with pytest.raises(ArgumentError, match="3 devices for 2 servers \\+ 2 workers"):
         ps.ParameterServer(prob, topo, 2, 2)
-    with pytest.raises(ArgumentError, match="replicate_hot needs mode='sync'"):
-        ps.ParameterServer(prob, topo, 1, 2, mode="async", replicate_hot=2)
+    with pytest.raises(ArgumentError, match="replicate_hot=9 is outside 0..8"):
+        ps.ParameterServer(prob, topo, 1, 2, mode="async", replicate_hot=9)
     with pytest.raises(ArgumentError, match="fraction"):
         ps.ParameterServer(prob, topo, 1, 2, fraction=0)
     with pytest.raises(ArgumentError, match="staleness"):

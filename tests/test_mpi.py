@@ -110,6 +110,31 @@ SCRIPT = textwrap.dedent('''
     same(got, np.array([1.5 * ((r - 1) % p)]), "exchange")
     assert now > 0
 
+    # any-source receive: rank 0 hears from every other rank, in whatever order, with sources
+    def anysrc(cm):
+        if cm.rank != 0:
+            yield cm.send(np.array([10 * cm.rank, cm.rank]), 0, tag=3)
+            return None
+        heard = {}
+        for _ in range(cm.size - 1):
+            src, msg = yield cm.recv_any(tag=3)
+            heard[src] = msg
+        return heard
+
+    heard = mpi.run(anysrc, comm=comm)
+    if r == 0:
+        assert sorted(heard) == list(range(1, p)), heard
+        for q, msg in heard.items():
+            same(msg, np.array([10 * q, q]), "recv_any")
+
+    # a background task on a dup'd communicator: same values under MPI (run at start)
+    def background(cm):
+        stream = cm.dup()
+        task = yield cm.start(coll.allreduce(stream, np.full(3, cm.rank + 1.0)))
+        return (yield cm.wait(task))
+
+    same(mpi.run(background, comm=comm), np.full(3, p * (p + 1) / 2), "start/wait")
+
     # errors: a bad rank is refused before any MPI call; a receive nobody answers times out
     try:
         mpi.run(lambda cm: (yield cm.send(np.ones(1), p)), comm=comm)

@@ -22,6 +22,14 @@ Semantics both backends share:
 * The receiver gets a copy; it never aliases the sender's array.
 * User tags are ``0 <= tag < TAG_LIMIT``; collectives use the tags above it, so a pending user
   message is never taken by a collective.
+* ``recv_any`` receives from whichever rank's message comes first and gives ``(src, array)``
+  (MPI's ``MPI_ANY_SOURCE``): what a server answering many clients needs.
+* ``start(program)`` runs a generator in the background (a communication stream next to the
+  compute, as PyTorch DDP's all-reduces run beside the backward pass) and gives a task;
+  ``wait(task)`` gives its return value. The background program should talk over its own
+  ``dup()`` of the communicator, so its messages never meet the foreground's. In the simulator
+  the two run concurrently on the rank's device; under MPI ``start`` runs the program to the
+  end at once (same values, no overlap).
 
 Extensions beyond the shared contract (both backends implement them): ``exchange`` posts several
 sends and receives at once (MPI's Isend/Irecv/Waitall); ``recv`` and ``sendrecv`` take
@@ -45,6 +53,7 @@ import numpy as np
 from ..errors import ArgumentError, DTypeError, MLSysError, ShapeError
 
 TAG_LIMIT = 30000  # user tags are below, collectives' tags above (MPI guarantees >= 32767)
+ANY_SOURCE = -1  # Recv.src of an any-source receive (``Communicator.recv_any``)
 
 
 class CommError(MLSysError, RuntimeError):
@@ -125,6 +134,20 @@ class Exchange(Request):
 class Compute(Request):
     flops: float | None = None
     seconds: float | None = None
+
+
+@dataclass(eq=False)
+class Start(Request):
+    """Run ``program`` (a generator) in the background on this rank's device."""
+
+    program: Any
+
+
+@dataclass(eq=False)
+class Wait(Request):
+    """Wait for a background task started by :class:`Start`; gives its return value."""
+
+    task: Any
 
 
 @dataclass(eq=False)
@@ -239,6 +262,13 @@ class Communicator:
         self._not_self(src, "src", where)
         return Recv(self, src, self._tag(tag, where, _internal), _out(out, where))
 
+    def recv_any(self, tag=0, out=None):
+        """Request: receive the first message with ``tag`` from any rank; the yield gives
+        ``(src, array)`` (``array`` is ``out``, filled, when given). The simulator picks the
+        message that arrives first (ties: the lowest source rank)."""
+        where = f"comm.recv_any (rank {self.rank})"
+        return Recv(self, ANY_SOURCE, self._tag(tag, where), _out(out, where))
+
     def sendrecv(self, array, dst, src, tag=0, out=None, *, _internal=False):
         """Request: send ``array`` to ``dst`` and receive from ``src`` at the same time; the
         yield gives the received array (or ``out``, filled, as for :meth:`recv`).
@@ -281,6 +311,26 @@ class Communicator:
             raise ArgumentError(f"{where}: flops/seconds must be a number >= 0, got {value!r}")
         return Compute(self, None if flops is None else float(flops),
                        None if seconds is None else float(seconds))
+
+    def start(self, program):
+        """Request: run the generator ``program`` in the background; the yield gives a task
+        for :meth:`wait`."""
+        if not (hasattr(program, "send") and hasattr(program, "throw")):
+            raise ArgumentError(f"comm.start (rank {self.rank}): need a generator (call the "
+                                f"generator function), got {type(program).__name__}")
+        return Start(self, program)
+
+    def wait(self, task):
+        """Request: wait for a background ``task``; the yield gives its return value."""
+        return Wait(self, task)
+
+    def dup(self) -> Communicator:
+        """A communicator over the same ranks whose messages never match this one's (every
+        rank must call it, in the same order)."""
+        return self._make_dup()
+
+    def _make_dup(self):
+        raise NotImplementedError
 
     def batched(self, name, array, op, fallback, plan):
         """Request used by the collectives: offer the whole collective to the backend."""

@@ -6,10 +6,18 @@ scattered buffer (all ranks' parts) for reduce-scatter, all-gather, gather and s
 rank's send buffer for all-to-all.
 
 The formulas are exact in the simulator's model when ``n`` divides evenly, ``p`` is a power of
-two where the algorithm folds (recursive doubling, Rabenseifner, halving, binomial trees with
-``log2``) and no two concurrent messages share a link direction: the ring algorithms on a ring,
-the others on a fully connected topology. ``tree`` and ``double_tree`` use the depth of the
-trees :func:`.collectives.tree_links` builds.
+two where the algorithm folds (recursive doubling, Rabenseifner, halving) and no two concurrent
+messages share a link direction: the ring algorithms on a ring, the others on a fully connected
+topology. ``tree`` and ``double_tree`` use the depth of the trees
+:func:`.collectives.tree_links` builds.
+
+``one_port=True`` gives the costs of the one-port model (``sim.Cluster(one_port=True)``; a rank
+sends one message and receives one message at a time), the model of the classic cost tables:
+binomial broadcast, reduce, gather and scatter cost ``ceil(log2 p)`` rounds for *any* ``p``
+(without the port limit a rank of a non-power-of-two binomial tree takes several messages at
+once and beats it), and the "direct" gather, scatter and all-to-all pay ``p - 1`` messages in
+turn at the root. The one-port model has no closed form here for ``tree``/``double_tree``
+(a node hears its two children in turn, interleaved with the pipeline).
 
 Bandwidths (nccl-tests, ``PERFORMANCE.md``): algorithm bandwidth ``algbw = n / t``; bus
 bandwidth ``busbw = algbw * factor``, the factor making busbw comparable with the hardware's
@@ -67,8 +75,12 @@ def _allreduce(algo, p, n, a, b, segments):
     return 2 * int(math.log2(q)) * a + 2 * (q - 1) / q * n * b + _fold_extra(p, t(n))
 
 
-def _rooted(kind, algo, p, n, a, b, segments):
+def _rooted(kind, algo, p, n, a, b, segments, one_port):
     t = lambda m: a + m * b
+    if one_port and (kind, algo) in (("gather", "direct"), ("scatter", "direct")):
+        return (p - 1) * t(n / p)
+    if one_port and (kind, algo) == ("reduce", "ring"):
+        return 2 * (p - 1) * t(n / p)
     if kind in ("broadcast", "reduce") and algo == "binomial":
         return _log2(p) * t(n)
     if kind == "broadcast" and algo == "ring":
@@ -82,7 +94,7 @@ def _rooted(kind, algo, p, n, a, b, segments):
     return t(n / p)  # direct gather / scatter: all blocks at once
 
 
-def collective_time(kind, algo, p, n, alpha, beta, segments=1):
+def collective_time(kind, algo, p, n, alpha, beta, segments=1, one_port=False):
     """Alpha-beta time (seconds) of collective ``kind`` by ``algo`` on ``p`` ranks.
 
     Args:
@@ -91,6 +103,7 @@ def collective_time(kind, algo, p, n, alpha, beta, segments=1):
         algo: one of ``collectives.ALGORITHMS[kind]``.
         p: ranks. n: bytes (module docstring). alpha: seconds. beta: seconds per byte.
         segments: pipeline depth (trees, ring broadcast).
+        one_port: the one-port model's cost (module docstring).
     """
     where = "collective_time"
     if kind not in ALGORITHMS:
@@ -101,6 +114,8 @@ def collective_time(kind, algo, p, n, alpha, beta, segments=1):
         raise ArgumentError(f"{where}: p={p!r} must be an int >= 1")
     if not (n >= 0 and alpha >= 0 and beta >= 0):
         raise ArgumentError(f"{where}: n, alpha and beta must be >= 0, got {n}, {alpha}, {beta}")
+    if one_port and algo in ("tree", "double_tree"):
+        raise ArgumentError(f"{where}: no one-port formula for algo={algo!r}")
     if p == 1:
         return 0.0
     t = lambda m: alpha + m * beta
@@ -111,8 +126,8 @@ def collective_time(kind, algo, p, n, alpha, beta, segments=1):
             return (p - 1) * t(n / p)
         return _log2(p) * alpha + (p - 1) / p * n * beta
     if kind == "alltoall":
-        return (p - 1) * t(n / p) if algo == "pairwise" else t(n / p)
-    return _rooted(kind, algo, p, n, alpha, beta, segments)
+        return (p - 1) * t(n / p) if algo == "pairwise" or one_port else t(n / p)
+    return _rooted(kind, algo, p, n, alpha, beta, segments, one_port)
 
 
 def algbw(n, seconds):
@@ -129,8 +144,10 @@ def busbw(kind, n, seconds, p):
     return algbw(n, seconds) * BUS_FACTOR[kind](p)
 
 
-def best_algorithm(kind, p, n, alpha, beta):
+def best_algorithm(kind, p, n, alpha, beta, one_port=False):
     """``(algo, seconds)`` of the cheapest algorithm for ``kind`` by the formulas above."""
-    times = {algo: collective_time(kind, algo, p, n, alpha, beta) for algo in ALGORITHMS[kind]}
+    times = {algo: collective_time(kind, algo, p, n, alpha, beta, one_port=one_port)
+             for algo in ALGORITHMS[kind]
+             if not (one_port and algo in ("tree", "double_tree"))}
     best = min(times, key=times.get)
     return best, times[best]

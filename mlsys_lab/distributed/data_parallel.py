@@ -5,8 +5,13 @@ Gradients are all-reduced in *buckets*: consecutive gradients (last layer first,
 backward pass produces them) are flattened into one buffer of about ``bucket_bytes`` and sent as
 one message. This is chapter 7's memory fusion applied to communication: one big message pays
 the latency ``alpha`` once instead of once per tensor (PyTorch DDP's default is 25 MiB).
-Here the all-reduces start after the whole backward pass: DDP's overlap of each bucket's
-all-reduce with the rest of the backward is not modelled.
+
+``overlap=False`` starts the all-reduces after the whole backward pass. ``overlap=True`` does
+what DDP does: the backward is timed bucket by bucket (each bucket's share of the backward
+FLOPs, last layer first), and as soon as a bucket's gradients exist its all-reduce starts in
+the background (``comm.start`` on a ``dup`` of the communicator: DDP's communication stream),
+one bucket after another, while the backward of the earlier layers goes on. The step ends when
+the last bucket is reduced; only what is left of the communication then is exposed.
 """
 
 import copy
@@ -81,23 +86,47 @@ def _check_batches(batches):
     return batches
 
 
-def _local_step(comm, model, loss_fn, x, y, flops_per_sample):
+def _local_grads(model, loss_fn, x, y):
     """Forward and backward on this rank's shard; returns (sum of per-sample losses, count)."""
     model.zero_grad()
     if len(x) == 0:
         return 0.0, 0
     loss = loss_fn(model(Tensor(x)), y)
     loss.backward()
-    yield comm.compute(flops=flops_per_sample * len(x))
     return float(loss.numpy()) * len(x), len(x)
 
 
+def _bucket_task(stream, params, bucket, scale, algo, previous):
+    """Background: wait for the previous bucket's all-reduce (one stream, in order), then
+    all-reduce this bucket."""
+    if previous is not None:
+        yield stream.wait(previous)
+    return (yield from allreduce_gradients(stream, params, [bucket], scale, algo))
+
+
+def _overlapped_step(comm, stream, params, buckets, scale, algo, flops):
+    """Forward (a third of the FLOPs), then each bucket's backward followed by its
+    all-reduce started in the background; waits for the last."""
+    sizes = [p.data.size for p in params]
+    total = sum(sizes) or 1
+    yield comm.compute(flops=flops / 3)
+    task = None
+    for bucket in buckets:
+        share = sum(sizes[i] for i in bucket) / total
+        yield comm.compute(flops=flops * 2 / 3 * share)
+        task = yield comm.start(_bucket_task(stream, params, bucket, scale, algo, task))
+    if task is not None:
+        yield comm.wait(task)  # the tasks run in order: the last one done means all are
+    return len(buckets)
+
+
 def dp_program(comm, model, make_optimizer, loss_fn, batches, bucket_bytes=DEFAULT_BUCKET_BYTES,
-               algo="ring", flops_per_sample=None):
+               algo="ring", flops_per_sample=None, overlap=False):
     """The rank program of data parallelism (runs under ``sim.run`` or ``mpi.run``).
 
     Trains a copy of ``model`` on this rank's slice of every global batch, all-reducing the
-    bucketed gradients (weighted by slice size) before each optimiser step.
+    bucketed gradients (weighted by slice size) before each optimiser step; ``overlap``
+    overlaps the all-reduces with the backward (module docstring).
 
     Returns:
         ``{"state": final state_dict, "loss_sums": per step, this rank's loss x its share of the
@@ -109,11 +138,19 @@ def dp_program(comm, model, make_optimizer, loss_fn, batches, bucket_bytes=DEFAU
     params = model.parameters()
     optimizer = make_optimizer(params)
     buckets = make_buckets(params, bucket_bytes)
+    stream = comm.dup() if overlap else None
     losses, collectives = [], 0
     for x, y in batches:
         xs, ys = shard(x, comm.rank, comm.size), shard(y, comm.rank, comm.size)
-        loss_sum, n = yield from _local_step(comm, model, loss_fn, xs, ys, flops_per_sample)
-        collectives += yield from allreduce_gradients(comm, params, buckets, n / len(x), algo)
+        loss_sum, n = _local_grads(model, loss_fn, xs, ys)
+        if overlap:
+            collectives += yield from _overlapped_step(comm, stream, params, buckets,
+                                                       n / len(x), algo, flops_per_sample * n)
+        else:
+            if n:
+                yield comm.compute(flops=flops_per_sample * n)
+            collectives += yield from allreduce_gradients(comm, params, buckets, n / len(x),
+                                                          algo)
         optimizer.step()
         losses.append(loss_sum)
     return {"state": model.state_dict(), "loss_sums": losses, "collectives": collectives,
@@ -131,10 +168,13 @@ class DPResult:
     buckets: int                # buckets per step
     max_replica_difference: float  # largest |param| difference between replicas
     result: object = field(repr=False, default=None)  # the sim.run result (trace, times)
+    compute: float = 0.0        # simulated seconds rank 0 spent computing
+    exposed: float = 0.0        # time - compute: communication not hidden behind compute
 
 
 def data_parallel_train(model, make_optimizer, loss_fn, batches, cluster, *,
-                        bucket_bytes=DEFAULT_BUCKET_BYTES, algo="ring", flops_per_sample=None):
+                        bucket_bytes=DEFAULT_BUCKET_BYTES, algo="ring", flops_per_sample=None,
+                        overlap=False):
     """Train copies of ``model`` on the simulated ranks of ``cluster``.
 
     Args:
@@ -148,6 +188,7 @@ def data_parallel_train(model, make_optimizer, loss_fn, batches, cluster, *,
         bucket_bytes: gradient bucket size (see :func:`make_buckets`).
         flops_per_sample: modelled compute per sample (default 6 x parameters: forward 2,
             backward 4).
+        overlap: overlap each bucket's all-reduce with the rest of the backward (DDP).
 
     Returns:
         A :class:`DPResult`.
@@ -156,8 +197,8 @@ def data_parallel_train(model, make_optimizer, loss_fn, batches, cluster, *,
     if flops_per_sample is None:
         flops_per_sample = 6.0 * model.num_parameters()
     size = cluster.size
-    args = [(model, make_optimizer, loss_fn, batches, bucket_bytes, algo, flops_per_sample)
-            for _ in range(size)]
+    args = [(model, make_optimizer, loss_fn, batches, bucket_bytes, algo, flops_per_sample,
+             overlap) for _ in range(size)]
     res = sim.run(cluster, dp_program, args=args)
     outs = res.results
     ref = outs[0]["state"]
@@ -166,7 +207,9 @@ def data_parallel_train(model, make_optimizer, loss_fn, batches, cluster, *,
     n_per_batch = [len(x) for x, _ in batches]
     losses = [sum(o["loss_sums"][t] for o in outs) / n for t, n in enumerate(n_per_batch)]
     buckets = len(make_buckets(model.parameters(), bucket_bytes))
-    return DPResult(ref, losses, res.time, outs[0]["collectives"], buckets, diff, res)
+    compute = sum(e.end - e.start for e in res.trace if e.kind == "compute" and e.rank == 0)
+    return DPResult(ref, losses, res.time, outs[0]["collectives"], buckets, diff, res,
+                    compute, res.time - compute)
 
 
 def single_device_train(model, make_optimizer, loss_fn, batches):

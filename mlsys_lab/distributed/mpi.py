@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import ArgumentError
 from .comm import (
+    ANY_SOURCE,
     Batched,
     CommTimeoutError,
     Communicator,
@@ -44,6 +45,8 @@ from .comm import (
     Request,
     Send,
     SendRecv,
+    Start,
+    Wait,
     check_fits,
     fill,
 )
@@ -119,6 +122,11 @@ class MpiCommunicator(Communicator):
     def now(self):
         return MPI.Wtime() - self._start
 
+    def _make_dup(self):
+        dup = MpiCommunicator(self._mpi.Dup(), self.timeout, self._start)
+        self._subs[("dup", len(self._subs))] = dup
+        return dup
+
     def _make_sub(self, members):
         key = tuple(members)
         if key not in self._subs:
@@ -129,7 +137,7 @@ class MpiCommunicator(Communicator):
         return self._subs[key]
 
     # -- waiting ----------------------------------------------------------------------------
-    def wait(self, requests, what, receives=()):
+    def wait_requests(self, requests, what, receives=()):
         """Wait for every request, polling against the deadline; on a timeout the pending
         ``receives`` are cancelled first."""
         if not requests:
@@ -148,7 +156,7 @@ class MpiCommunicator(Communicator):
         """Wait for the buffered sends still in flight."""
         pending, self.pending = self.pending, []
         for requests, _, what in pending:
-            self.wait(requests, what)
+            self.wait_requests(requests, what)
 
     def _reap(self):
         self.pending = [item for item in self.pending if not MPI.Request.Testall(item[0])]
@@ -176,7 +184,7 @@ class MpiCommunicator(Communicator):
             send_requests += requests
             keep.append(buffers)
         head_requests = [request for _, request in heads]
-        self.wait(head_requests, what, receives=head_requests)
+        self.wait_requests(head_requests, what, receives=head_requests)
         outs, data_requests = [], []
         for (src, tag), (head, _) in zip(srcs, heads):
             shape, dtype = _decode(head)
@@ -187,8 +195,35 @@ class MpiCommunicator(Communicator):
                 check_fits(out, shape, dtype, src, what)
             data_requests.append(self._mpi.Irecv(_bytes_of(buffer), source=src, tag=tag))
             outs.append(buffer)
-        self.wait(data_requests + send_requests, what, receives=data_requests)
+        self.wait_requests(data_requests + send_requests, what, receives=data_requests)
         return outs
+
+    def execute_any(self, tag, out=None):
+        """An any-source receive: the header from whoever sends first, then its data from
+        that rank; returns ``(src, array)``."""
+        self._reap()
+        what = f"recv_any(tag={tag})"
+        head = np.empty(_HEADER, dtype=np.int64)
+        request, status = self._mpi.Irecv(head, source=MPI.ANY_SOURCE, tag=tag), MPI.Status()
+        started = time.monotonic()
+        while not request.Test(status):
+            waited = time.monotonic() - started
+            if waited > self.timeout:
+                _cancel([request])
+                raise CommTimeoutError(f"mpi rank {self.rank} of {self.size}: {what} did not "
+                                       f"complete within timeout={self.timeout} s")
+            if waited > _SPIN_SECONDS:
+                time.sleep(2e-4)
+        src = status.Get_source()
+        shape, dtype = _decode(head)
+        if out is None:
+            buffer = np.empty(shape, dtype=dtype)
+        else:
+            buffer = out
+            check_fits(out, shape, dtype, src, what)
+        data = self._mpi.Irecv(_bytes_of(buffer), source=src, tag=tag)
+        self.wait_requests([data], what, receives=[data])
+        return src, buffer
 
     def serve(self, request):
         """Carry out one request; returns the value its ``yield`` gives."""
@@ -202,6 +237,8 @@ class MpiCommunicator(Communicator):
             self.pending.append((requests, buffers,
                                  f"send to rank {request.dst} (tag {request.tag})"))
             return None
+        if isinstance(request, Recv) and request.src == ANY_SOURCE:
+            return self.execute_any(request.tag, request.out)
         if isinstance(request, Recv):
             return self.execute([], [(request.src, request.tag)],
                                 f"recv(src={request.src}, tag={request.tag})", request.out)[0]
@@ -241,6 +278,21 @@ def run(prog, *args, comm=None, timeout=60.0, **kwargs):
     program = prog(comm, *args, **kwargs)
     if not (hasattr(program, "send") and hasattr(program, "throw")):
         return program
+    value = _drive(comm, program)
+    comm.flush()
+    for sub in comm._subs.values():
+        sub.flush()
+    return value
+
+
+class _Task:
+    """``comm.start`` under MPI: the program already ran; this holds its value."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _drive(comm, program):
     stack, value, error = [program], None, None
     while True:
         try:
@@ -249,9 +301,6 @@ def run(prog, *args, comm=None, timeout=60.0, **kwargs):
             stack.pop()
             value, error = stop.value, None
             if not stack:
-                comm.flush()
-                for sub in comm._subs.values():
-                    sub.flush()
                 return value
             continue
         except Exception as exc:  # noqa: BLE001 - rethrown into the caller generator
@@ -263,6 +312,14 @@ def run(prog, *args, comm=None, timeout=60.0, **kwargs):
         if isinstance(request, Batched):
             stack.append(request.fallback)
             value, error = None, None
+        elif isinstance(request, Start):  # no concurrency here: run it to the end now
+            value, error = _Task(_drive(comm, request.program)), None
+        elif isinstance(request, Wait):
+            if not isinstance(request.task, _Task):
+                value, error = None, ArgumentError(f"mpi rank {comm.rank}: waited on "
+                                                   f"{request.task!r}, not a started task")
+            else:
+                value, error = request.task.value, None
         elif isinstance(request, Request):
             value, error = comm.serve(request), None
         else:
@@ -270,7 +327,6 @@ def run(prog, *args, comm=None, timeout=60.0, **kwargs):
                                 f"yield the requests comm methods return")
 
 
-# ------------------------------------------------------------------------------ command line
 def _parse_bytes(text):
     units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
     text = text.strip().upper().removesuffix("B").removesuffix("I")

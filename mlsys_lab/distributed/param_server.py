@@ -4,10 +4,12 @@ row-sparse gradients, in synchronous, asynchronous or bounded-staleness mode.
 Servers and workers are devices of a simulator topology (``sim.fully_connected`` etc.):
 servers are ranks ``0 .. S-1``, workers ``S .. S+W-1``. Messages cost what they cost in
 :mod:`.sim` (route latency plus bytes at the bottleneck's rate, links FIFO), and compute costs
-``flops / device.flops``, so a straggler is a slower device (``topology.set_device``). A server
-must answer whichever worker's message arrives first, which the rank-program contract (receives
-name their source) cannot express, so the servers' and workers' logic runs on the small event
-loop below over the same cost model.
+``flops / device.flops``, so a straggler is a slower device (``topology.set_device``). Servers
+and workers are rank programs run by :func:`.sim.run`: a server answers whichever message comes
+first (``comm.recv_any``), charging a service time per message; messages are int64 words
+(a header, keys, values). The table lives in one array that each server writes only at its own
+keys (so the loss curve can be read off at every update); workers see values only through
+the servers' replies.
 
 Modes:
 
@@ -20,25 +22,29 @@ Modes:
   when every worker has pushed ``c - s`` steps (no worker runs more than ``s`` steps ahead of
   the slowest).
 
-Only rows a batch touches move (:class:`~.sparse.RowSparse`); ``replicate_hot=h`` (sync mode)
-keeps the ``h`` most frequently touched keys on every server: pulls of a hot key go to the
-worker's own replica; the key's home server applies the update and refreshes the replicas.
+Only rows a batch touches move (:class:`~.sparse.RowSparse`); ``replicate_hot=h`` keeps the
+``h`` most frequently touched keys on every server: pulls of a hot key go to the worker's own
+replica; the key's home server applies the update and refreshes the replicas (sync: once per
+version, and a pull waits until its replica has that version; async/ssp: after every update
+that touched them, so a replica may lag by the refresh's flight time).
 """
 
-import heapq
 import math
-import time as _time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ArgumentError
-from .comm import CommTimeoutError, DeadlockError
+from . import sim
+from .comm import DeadlockError
 from .sparse import RowSparse
 
 KEY_BYTES = 8
-HEADER_BYTES = 16
+HEADER_WORDS = 3  # int64 words: kind, version, steps done / clock
+HEADER_BYTES = 8 * HEADER_WORDS
 MODES = ("sync", "async", "ssp")
+PULL, REPLY, PUSH, REFRESH, DONE = range(5)
+TAG = 1
 
 
 # --- a regression problem with sparse features ----------------------------------------------------
@@ -89,43 +95,6 @@ class SparseRegression:
         return np.bincount(self.cols.reshape(-1), minlength=self.num_features)
 
 
-# --- the event loop and the network ---------------------------------------------------------------
-class _Loop:
-    def __init__(self, wall_limit):
-        self.heap, self.seq, self.now, self.wall_limit = [], 0, 0.0, wall_limit
-
-    def at(self, when, fn, *args):
-        self.seq += 1
-        heapq.heappush(self.heap, (when, self.seq, fn, args))
-
-    def run(self):
-        started, events = _time.perf_counter(), 0
-        while self.heap:
-            self.now, _, fn, args = heapq.heappop(self.heap)
-            fn(*args)
-            events += 1
-            if events % 2048 == 0 and _time.perf_counter() - started > self.wall_limit:
-                raise CommTimeoutError(f"ParameterServer: more than wall_limit="
-                                       f"{self.wall_limit} s of real time")
-
-
-class _Network:
-    """The simulator's message cost: route reserved FIFO, bytes at the bottleneck's beta."""
-
-    def __init__(self, topology):
-        self.topology = topology
-        self.free = {}  # link direction -> when it is next free (links may be made lazily)
-
-    def arrival(self, src, dst, nbytes, now):
-        route = self.topology.route(src, dst)
-        alpha, beta = self.topology.route_cost(route)
-        start = max([now] + [self.free.get(link, 0.0) for link in route])
-        end = start + nbytes * beta
-        for link in route:
-            self.free[link] = end
-        return end + alpha
-
-
 # --- the parameter server -------------------------------------------------------------------------
 @dataclass
 class PSResult:
@@ -169,7 +138,7 @@ class ParameterServer:
         staleness: the bound ``s`` for "ssp".
         fraction: for "sync", aggregate after this fraction of workers.
         sparse: move only touched rows (``False``: every worker pulls and pushes every row).
-        replicate_hot: replicate this many hottest keys on every server ("sync" only).
+        replicate_hot: replicate this many hottest keys on every server.
         partition: "hash" (key % S) or "range" (contiguous key ranges).
         flops_per_sample: worker compute per sample.
         server_bandwidth: bytes/s a server copies (its service time per message).
@@ -209,9 +178,6 @@ class ParameterServer:
                                 f"devices for {S} servers + {W} workers")
         if not 0 < fraction <= 1:
             raise ArgumentError(f"ParameterServer: fraction must be in (0, 1], got {fraction}")
-        if replicate_hot and mode != "sync":
-            raise ArgumentError("ParameterServer: replicate_hot needs mode='sync' (replicas "
-                                "are refreshed once per version)")
         if partition not in ("hash", "range"):
             raise ArgumentError(f"ParameterServer: partition must be 'hash' or 'range', got "
                                 f"{partition!r}")
@@ -224,73 +190,34 @@ class ParameterServer:
 
     # -- run ----------------------------------------------------------------------------------
     def run(self):
-        """Simulate the job; returns a :class:`PSResult`."""
-        self._reset()
-        for w in range(self.W):
-            self.loop.at(0.0, self._start_step, w)
-        self.loop.run()
-        stuck = {w: self.done_steps[w] for w in range(self.W) if not self._finished(w)}
-        if stuck:
-            parked = {s: [w for w, _ in q] for s, q in enumerate(self.parked) if q}
-            raise DeadlockError(f"ParameterServer: workers {stuck} (steps done) never finished; "
-                                f"pulls parked at servers {parked}", parked)
+        """Simulate the job on :func:`.sim.run`; returns a :class:`PSResult`."""
+        n, S, W = self.problem.num_features, self.S, self.W
+        self.w = np.zeros(n)
+        self.curve, self.updates, self.dropped = [(0.0, self.problem.loss(self.w))], 0, 0
+        self.bytes_pulled = self.bytes_pushed = self.max_lead = 0
+        self.server_bytes = [0] * S
+        self.done_steps, self.finish, self.wait_time = [0] * W, [0.0] * W, [0.0] * W
+        cluster = sim.Cluster(self.topology, batch_collectives=False)
+        try:
+            sim.run(cluster, self._program, trace=False, wall_limit=self.wall_limit)
+        except DeadlockError as exc:
+            stuck = {w: self.done_steps[w] for w in range(W) if self.finish[w] == 0.0}
+            raise DeadlockError(f"ParameterServer: workers {stuck} (steps done) never "
+                                f"finished:\n{exc}", exc.blocked) from exc
         return PSResult(self.w.copy(), self.curve, max(self.finish), self.updates, self.dropped,
                         self.bytes_pulled, self.bytes_pushed, list(self.server_bytes),
                         list(self.done_steps), list(self.wait_time), self.max_lead)
 
-    def _reset(self):
-        n, S, W = self.problem.num_features, self.S, self.W
-        self.loop, self.net = _Loop(self.wall_limit), _Network(self.topology)
-        self.w = np.zeros(n)
-        self.replica = [self.w.copy() for _ in range(S)]
-        self.replica_version = [[0] * S for _ in range(S)]  # [server][home]
-        self.version = [0] * S
-        self.pending = [{} for _ in range(S)]  # version -> [RowSparse]
-        self.clocks = [[0] * W for _ in range(S)]  # pushes each server got from each worker
-        self.parked = [[] for _ in range(S)]
-        self.server_free = [0.0] * S
-        self.server_bytes = [0] * S
-        self.rngs = [np.random.default_rng([self.seed, w]) for w in range(W)]
-        self.worker_version = [[0] * S for _ in range(W)]
-        self.done_steps, self.finish, self.wait_time = [0] * W, [0.0] * W, [0.0] * W
-        self.inbox = [None] * W
-        self.curve, self.updates, self.dropped = [(0.0, self.problem.loss(self.w))], 0, 0
-        self.bytes_pulled = self.bytes_pushed = self.max_lead = 0
+    def _program(self, comm):
+        if comm.rank < self.S:
+            return (yield from self._server(comm, comm.rank))
+        return (yield from self._worker(comm, comm.rank - self.S))
 
-    def _device(self, worker):
-        return self.S + worker
-
-    def _serve(self, server, nbytes):
-        """The server handles a message of ``nbytes``; returns when it is done."""
-        start = max(self.loop.now, self.server_free[server])
-        self.server_free[server] = start + self.server_overhead + nbytes / self.server_bandwidth
-        self.server_bytes[server] += nbytes
-        return self.server_free[server]
-
-    def _send(self, src, dst, nbytes, fn, *args):
-        arrival = self.net.arrival(src, dst, nbytes, self.loop.now)
-        self.loop.at(arrival, fn, *args)
-        return arrival
+    def _updated(self, comm):
+        self.updates += 1
+        self.curve.append((comm.now(), self.problem.loss(self.w)))
 
     # -- worker -------------------------------------------------------------------------------
-    def _finished(self, w):
-        if self.mode == "sync":  # a late worker skips the versions it missed
-            return self.done_steps[w] > 0 and min(self.worker_version[w]) + 1 >= self.steps
-        return self.done_steps[w] >= self.steps
-
-    def _start_step(self, w):
-        if self._finished(w):
-            self.finish[w] = self.loop.now
-            return
-        idx = self.rngs[w].choice(self.shards[w], self.batch_size)
-        keys = self.problem.keys(idx) if self.sparse else np.arange(self.problem.num_features)
-        targets = self._pull_targets(w, keys)
-        self.inbox[w] = {"idx": idx, "rows": np.zeros_like(self.w), "waiting": len(targets),
-                         "asked": self.loop.now}
-        for server, wanted in targets.items():
-            nbytes = HEADER_BYTES + KEY_BYTES * len(wanted)
-            self._send(self._device(w), server, nbytes, self._on_pull, server, w, wanted)
-
     def _pull_targets(self, w, keys):
         """{server: keys to pull from it}: a hot key from the worker's own replica. In sync and
         ssp modes every server is asked (its answer carries its version / clock gate)."""
@@ -300,113 +227,150 @@ class ParameterServer:
             targets = {s: k for s, k in targets.items() if len(k)}
         return targets
 
-    def _on_reply(self, w, server, version):
-        self.worker_version[w][server] = version
-        box = self.inbox[w]
-        box["waiting"] -= 1
-        if box["waiting"] == 0:
-            self.wait_time[w] += self.loop.now - box["asked"]
-            seconds = self.flops_per_sample * len(box["idx"]) / \
-                self.topology.devices[self._device(w)].flops
-            self.loop.at(self.loop.now + seconds, self._push, w)
+    def _worker(self, comm, w):
+        """Pull the batch's rows, compute, push the row-sparse gradient split by home server
+        (sync/ssp: an empty push too, which counts for versions and clocks); repeat."""
+        S, rng = self.S, np.random.default_rng([self.seed, w])
+        version, done = [0] * S, 0
+        flops = self.topology.devices[comm.rank].flops
 
-    def _push(self, w):
-        """The batch's gradient, computed on the rows as the servers sent them, split by home
-        server (sync/ssp: an empty push too, which counts for versions and clocks)."""
-        box = self.inbox[w]
-        _, grad = self.problem.gradient(box["rows"], box["idx"])
-        if not self.sparse:
-            grad = RowSparse.from_dense(grad.to_dense(), indices=np.arange(grad.num_rows))
-        self.done_steps[w] += 1
-        owner = self.home[grad.indices]
-        sent = [self.loop.now]
-        for s in range(self.S):
-            part = grad.select(owner == s)
-            if self.mode == "async" and part.nnz_rows == 0:
-                continue
-            self.bytes_pushed += part.nbytes
-            sent.append(self._send(self._device(w), s, HEADER_BYTES + part.nbytes,
-                                   self._on_push, s, w, self.worker_version[w][s], part))
-        self.loop.at(max(sent), self._start_step, w)  # busy until its pushes arrived
+        def finished():
+            if self.mode == "sync":  # a late worker skips the versions it missed
+                return done > 0 and min(version) + 1 >= self.steps
+            return done >= self.steps
+
+        while not finished():
+            idx = rng.choice(self.shards[w], self.batch_size)
+            keys = self.problem.keys(idx) if self.sparse else \
+                np.arange(self.problem.num_features)
+            targets = self._pull_targets(w, keys)
+            asked, step = comm.now(), 1 if done else 0
+            pulls = [(_message(PULL, version[s] + step, done, wanted), s)
+                     for s, wanted in targets.items()]
+            replies = yield comm.exchange(pulls, list(targets), tag=TAG)
+            rows = np.zeros(self.problem.num_features)
+            for s, reply in zip(targets, replies):
+                _, version[s], _, got, values = _parse(reply)
+                rows[got] = values
+            self.wait_time[w] += comm.now() - asked
+            yield comm.compute(seconds=self.flops_per_sample * len(idx) / flops)
+            _, grad = self.problem.gradient(rows, idx)
+            if not self.sparse:
+                grad = RowSparse.from_dense(grad.to_dense(), indices=np.arange(grad.num_rows))
+            done += 1
+            self.done_steps[w] = done
+            owner = self.home[grad.indices]
+            pushes = []
+            for s in range(S):
+                part = grad.select(owner == s)
+                if self.mode == "async" and part.nnz_rows == 0:
+                    continue
+                self.bytes_pushed += part.nbytes
+                pushes.append((_message(PUSH, version[s], done, part.indices, part.values), s))
+            yield comm.exchange(pushes, [], tag=TAG)  # busy until its pushes arrived
+        self.finish[w] = comm.now()
+        yield comm.exchange([(_message(DONE, 0, 0), s) for s in range(S)], [], tag=TAG)
 
     # -- server -------------------------------------------------------------------------------
-    def _on_pull(self, server, w, keys):
-        if self._may_answer(server, w, keys):
-            self._answer(server, w, keys)
-        else:
-            self.parked[server].append((w, keys))
+    def _server(self, comm, s):
+        """Answer whichever message comes first (``recv_any``) until every worker is done."""
+        S, W, n = self.S, self.W, self.problem.num_features
+        state = {"version": 0, "pending": {}, "clocks": [0] * W, "parked": [],
+                 "replica": np.zeros(n), "replica_version": [0] * S}
+        finished = 0
+        while finished < W:
+            src, msg = yield comm.recv_any(tag=TAG)
+            kind, a, b, keys, values = _parse(msg)
+            if kind == DONE:
+                finished += 1
+            elif kind == PULL:
+                state["parked"].append((src - S, a, b, keys))
+                yield from self._release(comm, s, state)
+            elif kind == PUSH:
+                yield self._serve(comm, s, msg.nbytes)
+                state["clocks"][src - S] += 1
+                grad = RowSparse(keys, values, n)
+                if self.mode == "sync":
+                    yield from self._aggregate(comm, s, state, a, grad)
+                else:
+                    grad.add_to(self.w, scale=-self.lr / W)
+                    self._updated(comm)
+                    yield from self._refresh(comm, s, keys[self.hot[keys]], 0)
+                yield from self._release(comm, s, state)
+            else:  # REFRESH from the home server ``src`` of these hot keys
+                yield self._serve(comm, s, values.nbytes)
+                state["replica"][keys] = values
+                state["replica_version"][src] = a
+                yield from self._release(comm, s, state)
 
-    def _may_answer(self, server, w, keys):
+    def _serve(self, comm, s, nbytes):
+        """The server's service time for a message of ``nbytes``."""
+        self.server_bytes[s] += nbytes
+        return comm.compute(seconds=self.server_overhead + nbytes / self.server_bandwidth)
+
+    def _may_answer(self, s, state, want, steps, keys):
         if self.mode == "sync":
-            want = self.worker_version[w][server] + (1 if self.done_steps[w] else 0)
-            homes = set(self.home[keys[self.hot[keys]]].tolist()) - {server}
-            return self.version[server] >= want and all(
-                self.replica_version[server][h] >= want for h in homes)
+            homes = set(self.home[keys[self.hot[keys]]].tolist()) - {s}
+            return state["version"] >= want and all(
+                state["replica_version"][h] >= want for h in homes)
         if self.mode == "ssp":
-            return min(self.clocks[server]) >= self.done_steps[w] - self.staleness
+            return min(state["clocks"]) >= steps - self.staleness
         return True
 
-    def _answer(self, server, w, keys):
-        self.max_lead = max(self.max_lead, self.done_steps[w] - min(self.clocks[server]))
-        values = np.where(self.hot[keys] & (self.home[keys] != server),
-                          self.replica[server][keys], self.w[keys])
-        self.inbox[w]["rows"][keys] = values
-        nbytes = HEADER_BYTES + KEY_BYTES * len(keys) + values.nbytes
-        self.bytes_pulled += KEY_BYTES * len(keys) + values.nbytes
-        done = self._serve(server, nbytes)
-        arrival = self.net.arrival(server, self._device(w), nbytes, done)
-        self.loop.at(arrival, self._on_reply, w, server, self.version[server])
+    def _release(self, comm, s, state):
+        """Answer every parked pull whose gate is open (in arrival order)."""
+        parked, state["parked"] = state["parked"], []
+        for w, want, steps, keys in parked:
+            if not self._may_answer(s, state, want, steps, keys):
+                state["parked"].append((w, want, steps, keys))
+                continue
+            self.max_lead = max(self.max_lead, steps - min(state["clocks"]))
+            values = np.where(self.hot[keys] & (self.home[keys] != s), state["replica"][keys],
+                              self.w[keys])
+            reply = _message(REPLY, state["version"], 0, keys, values)
+            self.bytes_pulled += KEY_BYTES * len(keys) + values.nbytes
+            yield self._serve(comm, s, reply.nbytes)
+            yield comm.send(reply, self.S + w, tag=TAG)
 
-    def _release(self, server):
-        parked, self.parked[server] = self.parked[server], []
-        for w, keys in parked:
-            self._on_pull(server, w, keys)
-
-    def _on_push(self, server, w, version, grad):
-        self._serve(server, HEADER_BYTES + grad.nbytes)
-        self.clocks[server][w] += 1
-        if self.mode == "sync":
-            self._aggregate(server, version, grad)
-        else:
-            grad.add_to(self.w, scale=-self.lr / self.W)
-            self._updated()
-        self._release(server)
-
-    def _aggregate(self, server, version, grad):
-        if version < self.version[server]:
+    def _aggregate(self, comm, s, state, version, grad):
+        if version < state["version"]:
             self.dropped += 1
             return
-        bucket = self.pending[server].setdefault(version, [])
-        bucket.append(grad)
-        while len(self.pending[server].get(self.version[server], ())) >= self.needed:
-            grads = self.pending[server].pop(self.version[server])
+        pending = state["pending"]
+        pending.setdefault(version, []).append(grad)
+        while len(pending.get(state["version"], ())) >= self.needed:
+            grads = pending.pop(state["version"])
             total = grads[0]
             for g in grads[1:]:
                 total = total + g
             total.add_to(self.w, scale=-self.lr / len(grads))
-            self.version[server] += 1
-            self._updated()
-            self._refresh_replicas(server)
+            state["version"] += 1
+            self._updated(comm)
+            mine = np.flatnonzero(self.hot & (self.home == s))
+            yield from self._refresh(comm, s, mine, state["version"])
 
-    def _refresh_replicas(self, server):
-        mine = np.flatnonzero(self.hot & (self.home == server))
-        if not len(mine):
-            for other in range(self.S):
-                self.replica_version[other][server] = self.version[server]
+    def _refresh(self, comm, s, keys, version):
+        """Send the current values of hot ``keys`` (homed here) to every other server."""
+        if not len(keys) or self.S == 1:
             return
-        values, version = self.w[mine].copy(), self.version[server]
-        nbytes = HEADER_BYTES + (KEY_BYTES + 8) * len(mine)
-        for other in range(self.S):
-            if other != server:
-                self._send(server, other, nbytes, self._on_refresh, other, server, mine,
-                           values, version)
+        msg = _message(REFRESH, version, 0, keys, self.w[keys])
+        yield comm.exchange([(msg, other) for other in range(self.S) if other != s], [],
+                            tag=TAG)
 
-    def _on_refresh(self, server, home, keys, values, version):
-        self._serve(server, values.nbytes)
-        self.replica[server][keys] = values
-        self.replica_version[server][home] = version
-        self._release(server)
 
-    def _updated(self):
-        self.updates += 1
-        self.curve.append((self.loop.now, self.problem.loss(self.w)))
+def _message(kind, a, b, keys=(), values=None):
+    """A message as int64 words: ``[kind, a, b]``, the keys, then the float64 values' bits."""
+    parts = [np.array([kind, a, b], dtype=np.int64), np.asarray(keys, dtype=np.int64)]
+    if values is not None:
+        parts.append(np.ascontiguousarray(values, dtype=np.float64).reshape(-1).view(np.int64))
+    return np.concatenate(parts)
+
+
+def _parse(msg):
+    """``(kind, a, b, keys, values)`` of a :func:`_message` (pulls carry keys only)."""
+    kind, a, b = (int(v) for v in msg[:HEADER_WORDS])
+    body = msg[HEADER_WORDS:]
+    if kind == PULL:
+        return kind, a, b, body, None
+    half = len(body) // 2
+    return kind, a, b, body[:half], body[half:].view(np.float64)

@@ -15,6 +15,13 @@ local columns and the whole block needs one all-reduce forward and one backward
 (:class:`ParallelMLP`). Layer methods are generators run on a communicator:
 ``y = yield from layer.forward(comm, x)``. Local arithmetic runs on ``mlsys_lab`` tensors and
 autodiff; parameters are ``Parameter``\\ s, so any ``ml.optim`` optimiser can update the shards.
+
+A dimension that ``size`` does not divide is split unevenly (:func:`split_bounds`):
+``split="array"`` gives the first ``n % size`` ranks one more (``np.array_split``,
+``torch.tensor_split``), ``split="chunk"`` gives every rank ``ceil(n / size)`` but the last
+ones, which get what is left, possibly nothing (``torch.chunk``). The all-gather of a
+column-split output then concatenates slices of different widths. (Megatron instead pads the
+dimension to a multiple of ``size``; the padded columns would be zero weights here.)
 """
 
 import numpy as np
@@ -23,17 +30,22 @@ from .. import ops
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, ShapeError
 from ..nn.module import Parameter
-from .collectives import allgather, allreduce
+from .collectives import allgather, allreduce, block_bounds
 
 ACTIVATIONS = (None, "relu", "tanh", "sigmoid")
 
 
-def _split_bounds(n, size, what, owner):
-    if n % size:
-        raise ShapeError(f"{owner}: {what} ({n}) must be divisible by the tensor-parallel size "
-                         f"({size})")
-    step = n // size
-    return [(r * step, (r + 1) * step) for r in range(size)]
+SPLITS = ("array", "chunk")
+
+
+def split_bounds(n, size, split="array", owner="split_bounds"):
+    """``[(lo, hi)]`` of each rank's share of a dimension of ``n`` (module docstring)."""
+    if split == "array":
+        return block_bounds(n, size)
+    if split == "chunk":
+        step = -(-n // size)
+        return [(min(r * step, n), min((r + 1) * step, n)) for r in range(size)]
+    raise ArgumentError(f"{owner}: split={split!r} is not one of {SPLITS}")
 
 
 def _check_rank(rank, size, owner):
@@ -49,14 +61,35 @@ def _flops_matmul(x, w):
 class _ParallelLinear:
     """Shared state: the weight/bias shards and what the last forward saved for backward."""
 
-    def __init__(self, weight, bias, rank, size, activation):
+    by_columns = True  # which dimension of the weight the ranks split
+
+    def __init__(self, weight, bias, rank, size, activation, bounds):
         if activation not in ACTIVATIONS:
             raise ArgumentError(f"{type(self).__name__}: activation must be one of "
                                 f"{ACTIVATIONS}, got {activation!r}")
         self.weight = Parameter(weight)
         self.bias = None if bias is None else Parameter(bias)
         self.rank, self.size, self.activation = rank, size, activation
+        width = self.weight.shape[1 if self.by_columns else 0]
+        self.bounds = (rank * width, (rank + 1) * width) if bounds is None else tuple(bounds)
+        if self.bounds[1] - self.bounds[0] != width:
+            raise ShapeError(f"{type(self).__name__}: bounds={bounds} hold "
+                             f"{self.bounds[1] - self.bounds[0]} features but the weight "
+                             f"shard has {width} (rank {rank})")
         self._saved = {}  # key (e.g. micro-batch) -> what backward needs
+
+    @classmethod
+    def from_linear(cls, linear, rank, size, split="array", **kwargs):
+        """Rank ``rank``'s shard of an ``ml.nn.Linear`` (``split``: :func:`split_bounds`)."""
+        owner = f"{cls.__name__}.from_linear"
+        _check_rank(rank, size, owner)
+        n = linear.out_features if cls.by_columns else linear.in_features
+        lo, hi = split_bounds(n, size, split, owner)[rank]
+        weight = linear.weight.data[:, lo:hi] if cls.by_columns else linear.weight.data[lo:hi]
+        bias = None if linear.bias is None else (
+            linear.bias.data[lo:hi] if cls.by_columns else linear.bias.data)
+        return cls(weight.copy(), None if bias is None else bias.copy(), rank, size,
+                   bounds=(lo, hi), **kwargs)
 
     def parameters(self):
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -80,25 +113,17 @@ class ColumnParallelLinear(_ParallelLinear):
     ``activation`` ("relu", "tanh", "sigmoid"), which needs no communication on columns.
 
     Args:
-        weight: this rank's ``(in, out / size)`` block; bias: its ``(out / size,)`` slice.
+        weight: this rank's ``(in, hi - lo)`` block; bias: its ``(hi - lo,)`` slice.
         gather_output: all-gather the output slices so every rank gets the full output.
         algo: the all-reduce / all-gather algorithm name passed to the collectives.
+        bounds: ``(lo, hi)``, the output columns this rank holds (default: equal shares).
     """
 
     def __init__(self, weight, bias, rank, size, gather_output=False, activation=None,
-                 algo="ring"):
+                 algo="ring", bounds=None):
         _check_rank(rank, size, "ColumnParallelLinear")
-        super().__init__(weight, bias, rank, size, activation)
+        super().__init__(weight, bias, rank, size, activation, bounds)
         self.gather_output, self.algo = gather_output, algo
-
-    @classmethod
-    def from_linear(cls, linear, rank, size, **kwargs):
-        """Rank ``rank``'s shard of an ``ml.nn.Linear``."""
-        _check_rank(rank, size, "ColumnParallelLinear.from_linear")
-        lo, hi = _split_bounds(linear.out_features, size, "out_features",
-                               "ColumnParallelLinear")[rank]
-        bias = None if linear.bias is None else linear.bias.data[lo:hi].copy()
-        return cls(linear.weight.data[:, lo:hi].copy(), bias, rank, size, **kwargs)
 
     def forward(self, comm, x, key=0):
         """Generator: this rank's output columns (all columns with ``gather_output``).
@@ -111,10 +136,9 @@ class ColumnParallelLinear(_ParallelLinear):
         local = y.numpy()
         if not self.gather_output or self.size == 1:
             return local
-        blocks = yield from allgather(comm, np.ascontiguousarray(local.reshape(-1)),
-                                      algo=self.algo)
-        parts = np.asarray(blocks).reshape(self.size, *local.shape)
-        return np.concatenate(list(parts), axis=-1)
+        columns = np.ascontiguousarray(np.moveaxis(local, -1, 0))  # slices may differ in width
+        gathered = yield from allgather(comm, columns, algo=self.algo)
+        return np.moveaxis(gathered, 0, -1)
 
     def backward(self, comm, dy, key=0):
         """Generator: accumulate this shard's gradients from ``dy`` (this rank's columns, or
@@ -122,8 +146,7 @@ class ColumnParallelLinear(_ParallelLinear):
         x, y = self._saved_output("ColumnParallelLinear.backward", key)
         dy = np.asarray(dy)
         if self.gather_output and self.size > 1:
-            width = y.shape[-1]
-            dy = dy[..., self.rank * width:(self.rank + 1) * width]
+            dy = dy[..., self.bounds[0]:self.bounds[1]]
         if dy.shape != tuple(y.shape):
             raise ShapeError(f"ColumnParallelLinear.backward: dy has shape {dy.shape}, expected "
                              f"{tuple(y.shape)} (rank {self.rank})")
@@ -139,30 +162,25 @@ class RowParallelLinear(_ParallelLinear):
     """Rank ``rank``'s row block of a Linear: input features split, partial sums all-reduced.
 
     Args:
-        weight: this rank's ``(in / size, out)`` block; bias: the full ``(out,)`` bias, added
+        weight: this rank's ``(hi - lo, out)`` block; bias: the full ``(out,)`` bias, added
             once after the all-reduce (every rank holds the same copy).
         input_is_parallel: ``x`` is already this rank's slice of features (the output of a
             ColumnParallelLinear); otherwise the full ``x`` is given and sliced here.
+        bounds: ``(lo, hi)``, the input features this rank holds (default: equal shares).
     """
 
-    def __init__(self, weight, bias, rank, size, input_is_parallel=True, algo="ring"):
-        _check_rank(rank, size, "RowParallelLinear")
-        super().__init__(weight, bias, rank, size, None)
-        self.input_is_parallel, self.algo = input_is_parallel, algo
+    by_columns = False
 
-    @classmethod
-    def from_linear(cls, linear, rank, size, **kwargs):
-        """Rank ``rank``'s shard of an ``ml.nn.Linear``."""
-        _check_rank(rank, size, "RowParallelLinear.from_linear")
-        lo, hi = _split_bounds(linear.in_features, size, "in_features",
-                               "RowParallelLinear")[rank]
-        bias = None if linear.bias is None else linear.bias.data.copy()
-        return cls(linear.weight.data[lo:hi].copy(), bias, rank, size, **kwargs)
+    def __init__(self, weight, bias, rank, size, input_is_parallel=True, algo="ring",
+                 bounds=None):
+        _check_rank(rank, size, "RowParallelLinear")
+        super().__init__(weight, bias, rank, size, None, bounds)
+        self.input_is_parallel, self.algo = input_is_parallel, algo
 
     def _local_input(self, x):
         rows = self.weight.shape[0]
         if not self.input_is_parallel:
-            x = x[..., self.rank * rows:(self.rank + 1) * rows]
+            x = x[..., self.bounds[0]:self.bounds[1]]
         if x.shape[-1] != rows:
             raise ShapeError(f"RowParallelLinear: rank {self.rank} expects {rows} input "
                              f"features, got shape {x.shape}")
@@ -202,10 +220,10 @@ class ParallelMLP:
     Forward needs one all-reduce (fc2's partial sums), backward one (fc1's ``dx``).
     """
 
-    def __init__(self, fc1, fc2, rank, size, activation="relu", algo="ring"):
-        self.fc1 = ColumnParallelLinear.from_linear(fc1, rank, size, activation=activation,
+    def __init__(self, fc1, fc2, rank, size, activation="relu", algo="ring", split="array"):
+        self.fc1 = ColumnParallelLinear.from_linear(fc1, rank, size, split, activation=activation,
                                                     algo=algo)
-        self.fc2 = RowParallelLinear.from_linear(fc2, rank, size, algo=algo)
+        self.fc2 = RowParallelLinear.from_linear(fc2, rank, size, split, algo=algo)
 
     def parameters(self):
         return self.fc1.parameters() + self.fc2.parameters()

@@ -22,7 +22,8 @@ import numpy as np
 
 from mlsys_lab.distributed import pipeline_parallel as pp
 from mlsys_lab.distributed import sim, zero
-from mlsys_lab.grading.checks import Case, Exercise, Raised, attempt, describe, plain, register
+from mlsys_lab.grading.checks import Case, Exercise, attempt, describe, plain, register
+from mlsys_lab.grading.exercise import expect_each_raised
 
 # ============================================================================= 11.1 ring all-reduce
 # ----------------------------------------------------------------------------- inputs (both sides)
@@ -278,9 +279,11 @@ def _zero_terms_probe(zero_memory, seed):
     return [_zero_call(zero_memory, *cfg) for cfg in _zero_configs(seed)]
 
 
+ZERO_BAD_CALLS = ((1e9, 8, 4), (1e9, 8, -1), (1e9, 0, 1))
+
+
 def _zero_errors_probe(zero_memory):
-    return [attempt(zero_memory, 1e9, 8, 4), attempt(zero_memory, 1e9, 8, -1),
-            attempt(zero_memory, 1e9, 0, 1)]
+    return [attempt(zero_memory, *args) for args in ZERO_BAD_CALLS]
 
 
 # ----------------------------------------------------------------------------- judges
@@ -317,11 +320,8 @@ def _zero_terms_judge(raw, seed):
 
 
 def _zero_errors_judge(raw):
-    calls = ["zero_memory(1e9, 8, 4)", "zero_memory(1e9, 8, -1)", "zero_memory(1e9, 0, 1)"]
-    for call, got in zip(calls, raw if isinstance(raw, list) else [None] * 3):
-        if not (isinstance(got, Raised) and got.is_a("ValueError")):
-            raise AssertionError(f"{call} gave {describe(got)}; raise ValueError (stages are "
-                                 "0..3, devices >= 1)")
+    expect_each_raised("zero_memory", ZERO_BAD_CALLS, raw, "ValueError",
+                       "stages are 0..3, devices >= 1")
 
 
 # ============================================================================= 11.4 SSP server
@@ -531,9 +531,9 @@ register(
             "mlsys_lab.distributed.collectives:scatter",
             "mlsys_lab.distributed.collectives:alltoall",
             "mlsys_lab.distributed.collectives:ring_plan",
-            "mlsys_lab.distributed.collectives:_ring_allreduce",
-            "mlsys_lab.distributed.collectives:_ring_reduce_scatter",
-            "mlsys_lab.distributed.collectives:_ring_allgather_blocks",
+            "mlsys_lab.distributed.collective_allreduce:_ring_allreduce",
+            "mlsys_lab.distributed.collective_allreduce:_ring_reduce_scatter",
+            "mlsys_lab.distributed.collective_allreduce:_ring_allgather_blocks",
             "mlsys_lab.distributed.data_parallel:allreduce_gradients",
             "mlsys_lab.viz.collective_view:ring_allreduce_steps",
             "mlsys_lab.viz.collective_view:_apply",

@@ -382,3 +382,17 @@ def expect_close(actual: Any, expected: float, what: str, rel: float = 1e-9, abs
         raise AssertionError(f"{what} should be a number, got {describe(actual)}")
     if not math.isclose(float(actual), expected, rel_tol=rel, abs_tol=abs_):
         raise AssertionError(f"{what} returned {actual!r}, expected {expected!r}")
+
+
+def expect_each_raised(fn_name: str, calls: Sequence[tuple], raw: Any, error: str = "ValueError",
+                       why: str = "") -> None:
+    """For judges of argument checks: ``raw`` is a probe's ``[attempt(fn, *args) for args in
+    calls]``; each entry must be a ``Raised`` of ``error`` (or a subclass), else the message
+    names the call, what it gave and ``why``."""
+    got_all = raw if isinstance(raw, list) and len(raw) == len(calls) else [None] * len(calls)
+    for args, got in zip(calls, got_all):
+        if not (isinstance(got, Raised) and got.is_a(error)):
+            shown = ", ".join(repr(a) for a in args)
+            gave = f"raised {got}" if isinstance(got, Raised) else f"gave {describe(got)}"
+            raise AssertionError(f"{fn_name}({shown}) {gave}; raise {error}"
+                                 + (f" ({why})" if why else ""))

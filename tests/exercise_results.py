@@ -1,0 +1,34 @@
+"""Assertions on a ``run_cases`` result that the exercise tests share: look a case up by the
+start of its name, require full marks, or require that named cases score nothing (the wrong
+idea they reject)."""
+
+from __future__ import annotations
+
+
+def rows(result):
+    """``{case name: row}`` of a ``CheckResult``."""
+    return {row.name: row for row in result.rows}
+
+
+def feedback(result):
+    """The failing rows' feedback, one string (for assertion messages)."""
+    return " | ".join(f"{row.name}: {row.feedback}" for row in result.rows if not row.passed)
+
+
+def case(result, prefix):
+    """The one row whose name starts with ``prefix``."""
+    matches = [row for name, row in rows(result).items() if name.startswith(prefix)]
+    assert len(matches) == 1, f"no single case starting with {prefix!r}"
+    return matches[0]
+
+
+def fails(result, *prefixes):
+    """Each case named by a prefix scores 0."""
+    for prefix in prefixes:
+        row = case(result, prefix)
+        assert row.points == 0, f"{row.name} passed: {feedback(result)}"
+
+
+def full(result):
+    """Every case passed: full marks."""
+    assert result.score == result.max > 0, feedback(result)
