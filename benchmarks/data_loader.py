@@ -22,7 +22,9 @@ unfused map, vectorised map, autotuning) can be added to ``SECTIONS``.
 
 import argparse
 import io
+import multiprocessing
 import os
+import time
 
 import numpy as np
 from PIL import Image
@@ -80,14 +82,35 @@ def one_blas_thread(worker_id):
     threadpool_limits(limits=1)
 
 
-def epoch(loader, to_numpy=np.asarray):
-    """A callable that runs one epoch of ``loader``, touching every byte of every batch."""
+def epoch(loader, to_numpy=np.asarray, usage=None):
+    """A callable that runs one epoch of ``loader``, touching every byte of every batch.
+
+    With ``usage`` (a list), each call appends ``(wall s, CPU s of this process, CPU s of its
+    child processes)``: where the time went.
+    """
     def run():
+        start, main, children = time.perf_counter(), time.process_time(), _children_cpu()
         total = 0.0
         for images, _labels in loader:
             total += float(to_numpy(images).sum())
+        if usage is not None:
+            usage.append((time.perf_counter() - start, time.process_time() - main,
+                          _children_cpu() - children))
         return total
     return run
+
+
+def _children_cpu():
+    """CPU seconds used so far by this process's live children (Linux /proc; 0 elsewhere)."""
+    total = 0.0
+    for child in multiprocessing.active_children():
+        try:
+            with open(f"/proc/{child.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def ours(workload, workers):
@@ -105,7 +128,8 @@ def torch_loader(workload, workers):
 
 def workers_section(args, workload):
     """Ours with 0, 1, 2 workers, and torch's loader with the same settings when installed."""
-    fns = {f"ours, {w} workers": epoch(ours(workload, w)) for w in (0, 1, 2)}
+    usage = {w: [] for w in (0, 1, 2)}
+    fns = {f"ours, {w} workers": epoch(ours(workload, w), usage=usage[w]) for w in (0, 1, 2)}
     have_torch = _torch_available()
     if have_torch:
         import torch
@@ -129,6 +153,15 @@ def workers_section(args, workload):
     if not have_torch:
         print("(torch is not installed: no torch.utils.data.DataLoader comparison)")
     print("targets: ours 2 workers >= 1.8x ours 0 workers; ours/torch >= 1.0")
+    print("where the time went (ours, the fastest epoch of each): CPU seconds of the main "
+          "process and of the workers, and the cores they kept busy")
+    for w, runs in usage.items():
+        wall, main, workers = min(runs[1:] or runs)  # the first call is the warm-up
+        print(f"  {w} workers: wall {wall:.3f} s, main {main:.3f} s CPU "
+              f"({main / n * 1e6:.0f} us/sample), workers {workers:.3f} s CPU, "
+              f"{(main + workers) / wall:.2f} cores busy")
+    print(f"  load average now {os.getloadavg()[0]:.2f}: with 2 cores shared, 2 workers can get "
+          "at most the cores the other load leaves")
 
 
 def _torch_available():

@@ -8,10 +8,13 @@ baseline measured in the same run; timings on a shared machine are noisy):
 * fusion       — the five maps unfused vs fused by ``fuse_maps`` (inline, and 2 threads each)
 * vectorise    — per-item maps then ``batch`` vs ``vectorize_maps``: ``batch`` then the batched
                  forms (target >= 2x on the augment chain)
-* autotune-sim — per-item stage costs measured here, then on the simulator with 16 cores: the
-                 book's degrees (3, 2, 4, 3, 1), the autotuner's, and the best found by search
+* autotune-sim — per-item stage costs measured here, then on the simulator with 16 shared
+                 cores: the book's degrees (3, 2, 4, 3, 1), the model's, the autotuner's (the
+                 model's choice corrected by climbing on simulated throughput), and the best
+                 found by a wider search
 * autotune     — measured here: a pipeline whose stages differ in cost, the autotuner's degrees
-                 vs every hand-picked allocation (``--budget`` CPUs, up to twice as many threads)
+                 (model, then climbing on measured throughput) vs every hand-picked allocation
+                 (``--budget`` CPUs, up to twice as many threads)
 * ordered      — order-preserving vs unordered parallel map on items of varying cost, measured
                  and on the simulator
 """
@@ -26,9 +29,14 @@ import numpy as np
 
 from mlsys_lab import timing
 from mlsys_lab.data import pipeline_sim as sim
-from mlsys_lab.data.autotune import brute_force, choose_degrees, predicted_throughput
+from mlsys_lab.data.autotune import (
+    brute_force,
+    choose_degrees,
+    predicted_throughput,
+    refine_degrees,
+)
 from mlsys_lab.data.datasets import synthetic_images
-from mlsys_lab.data.pipeline import Pipeline, measure_costs, with_degrees
+from mlsys_lab.data.pipeline import Pipeline, autotune, measure_costs, with_degrees
 from mlsys_lab.data.pipeline_passes import fuse_maps, vectorize_maps
 from mlsys_lab.data.transforms import (
     Decode,
@@ -115,16 +123,28 @@ def autotune_sim(args, items, cores=16):
     costs = measured_costs(items, min(len(items), 256))
     stages = lambda degrees: [sim.SimStage(n, costs[n], degrees[n]) for n in STAGES]
     run = lambda degrees: sim.simulate(stages(degrees), args.sim_items, cores=cores)
-    tuned = choose_degrees(costs, cores, cores=cores)
-    candidates = _top_allocations(costs, cores, cores, keep=8)
-    searched = max((run(d).throughput, tuple(d.values())) for d in candidates)
-    book, auto = run(sim.BOOK_DEGREES), run(tuned)
-    print(f"\n== autotuner on the simulator ({cores} cores, per-item costs measured here, us: "
-          + ", ".join(f"{n} {c * 1e6:.0f}" for n, c in costs.items()) + ")")
+    rate = lambda degrees: run(degrees).throughput
+    model = choose_degrees(costs, cores, cores=cores)
+    tuned, tried = refine_degrees(model, cores, rate, rounds=3)  # the tuner: model + climbing
+    # the baseline search is wider than the tuner's: the model's 24 best allocations and a
+    # climb from each of 6 random starts, every candidate simulated
+    candidates = _top_allocations(costs, cores, cores, keep=24)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        cut = np.sort(rng.choice(np.arange(1, cores), len(STAGES) - 1, replace=False))
+        start = dict(zip(STAGES, np.diff([0, *cut, cores]).tolist()))
+        candidates.append(refine_degrees(start, cores, rate, rounds=8)[0])
+    searched = max((rate(d), tuple(d.values())) for d in candidates)
+    book, auto, ideal = run(sim.BOOK_DEGREES), run(tuned), run(model)
+    print(f"\n== autotuner on the simulator ({cores} cores shared by every worker, per-item "
+          "costs measured here, us: " + ", ".join(f"{n} {c * 1e6:.0f}" for n, c in costs.items())
+          + ")")
     print(f"  book degrees {tuple(sim.BOOK_DEGREES.values())}: {book.throughput:9.0f} items/s, "
           f"bottleneck {book.bottleneck}")
+    print(f"  model only   {tuple(model.values())}: {ideal.throughput:9.0f} items/s "
+          f"(the model predicts {predicted_throughput(costs, model, cores):.0f})")
     print(f"  autotuned    {tuple(tuned.values())}: {auto.throughput:9.0f} items/s, "
-          f"bottleneck {auto.bottleneck}")
+          f"bottleneck {auto.bottleneck} ({len(tried)} allocations simulated while climbing)")
     print(f"  best of {len(candidates)} searched {searched[1]}: {searched[0]:9.0f} items/s")
     print(f"  autotuned / best searched: {auto.throughput / searched[0]:.3f} (target >= 0.90)")
 
@@ -150,12 +170,15 @@ def resize_and_rotate(image, rng):
 def autotune_measured(args, items):
     pipe = (Pipeline.from_iterable(items)
             .map(Decode(), field="image", name="decode")
-            .map(resize_and_rotate, field="image", seed=1, name="augment").batch(64))
+            .map(resize_and_rotate, field="image", seed=1, name="augment").batch(16))
     cores, threads = args.budget, 2 * args.budget
-    costs = measure_costs(pipe, min(len(items), 256))
     maps = ["decode", "augment"]
-    fixed = {n: 1 for n in costs if n not in maps}
-    tuned = {n: choose_degrees(costs, threads, fixed=fixed, cores=cores)[n] for n in maps}
+    costs = measure_costs(pipe, min(len(items), 256))
+    model = {n.name: n.num_parallel for n in autotune(pipe, threads, cores=cores,
+                                                     costs=costs).nodes if n.name in maps}
+    tuned = {n.name: n.num_parallel for n in autotune(pipe, threads, cores=cores, costs=costs,
+                                                     refine=2, sample=16).nodes
+             if n.name in maps}
     label = lambda degrees: "(" + ", ".join(f"{n} {degrees[n]}" for n in maps) + ")"
     contestants = {f"autotuned {label(tuned)}": with_degrees(pipe, tuned).run}
     for combo in itertools.product(range(1, threads), repeat=len(maps)):
@@ -167,8 +190,9 @@ def autotune_measured(args, items):
     best = min((k for k in contestants if k.startswith("hand")), key=lambda k: result[k])
     show(f"autotuner measured here ({cores} CPUs, <= {threads} threads; per-item costs, us: "
          + ", ".join(f"{n} {costs[n] * 1e6:.0f}" for n in maps) + ")", result,
+         f"the model alone picks {label(model)}; measured climbing picks {label(tuned)}\n"
          f"{auto} reaches {result[best] / result[auto]:.3f} of the best hand-picked "
-         f"{best.removeprefix('hand ')} (target >= 0.90)")
+         f"{best.removeprefix('hand ')} (target >= 0.90; load {os.getloadavg()[0]:.2f})")
 
 
 def decode_and_resize(data):

@@ -79,3 +79,16 @@ class OutOfMemoryError(MLSysError, MemoryError):
 class PlanError(MLSysError, ValueError):
     """A memory-planning request is invalid: a lifetime with a negative or too large size, an
     end before its start, or a non-integer field."""
+
+
+class RecordError(MLSysError, ValueError):
+    """A record file is truncated, corrupted or not a record file (names the file and record)."""
+
+
+class PipelineError(MLSysError, RuntimeError):
+    """A data-pipeline operator's function failed; ``.op`` and ``.index`` say which operator
+    and item."""
+
+    def __init__(self, message, op=None, index=None):
+        super().__init__(message)
+        self.op, self.index = op, index

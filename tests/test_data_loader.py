@@ -496,3 +496,40 @@ def test_default_numba_layer_after_fork_works_or_explains_itself():
         assert "pip install tbb" in out and "NUMBA_THREADING_LAYER" in out, out
     else:
         assert "OK" in out, out
+
+
+PIPELINE_AFTER_POOLS = textwrap.dedent("""
+    import numba, numpy as np
+    from mlsys_lab.data import Pipeline
+
+    @numba.njit(parallel=True, nogil=True)
+    def total(x):
+        s = 0.0
+        for i in numba.prange(x.shape[0]):
+            s += x[i]
+        return s
+
+    total(np.ones(100_000))  # the parent starts numba's pool
+    print("layer", numba.threading_layer(), flush=True)
+    work = lambda i: total(np.full(5000, float(i)))
+    for executor in ("thread", "process"):  # several threads at once; forked processes
+        try:
+            got = Pipeline.from_iterable(range(12)).map(work, num_parallel=2,
+                                                        executor=executor).to_list()
+            assert got == [5000.0 * i for i in range(12)], got
+            print(executor, "OK", flush=True)
+        except Exception as e:
+            print(executor, "ERROR", type(e).__name__, str(e).replace(chr(10), " "), flush=True)
+""")
+
+
+def test_pipeline_workers_after_numba_parallel_code_work_or_explain_themselves():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    out = subprocess.run([sys.executable, "-c", PIPELINE_AFTER_POOLS], env=env,
+                         capture_output=True, text=True, timeout=120).stdout
+    assert "thread OK" in out, out  # every threading layer numba picks by default is thread-safe
+    if "layer omp" in out:  # forked workers are terminated: said so, not a hang
+        assert "process ERROR PipelineError" in out and "exit code -15" in out, out
+        assert "pip install tbb" in out, out
+    else:
+        assert "process OK" in out, out

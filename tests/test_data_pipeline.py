@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from mlsys_lab.data import pipeline_sim as sim
 from mlsys_lab.data import transforms as T
-from mlsys_lab.data.autotune import AUTOTUNE, brute_force, choose_degrees, predicted_throughput
+from mlsys_lab.data.autotune import (
+    AUTOTUNE,
+    brute_force,
+    choose_degrees,
+    predicted_throughput,
+    refine_degrees,
+)
 from mlsys_lab.data.pipeline import (
     Pipeline,
     PipelineError,
@@ -432,10 +438,10 @@ def test_autotune_a_real_pipeline():
 
 
 def test_measured_costs_are_per_source_item(monkeypatch):
-    from mlsys_lab.data import pipeline as pipeline_module
+    from mlsys_lab.data import pipeline_runtime
 
     clock = [0.0]
-    monkeypatch.setattr(pipeline_module, "_now", lambda: clock[0])
+    monkeypatch.setattr(pipeline_runtime, "clock", lambda: clock[0])
 
     def spend(units):
         def work(x):
@@ -521,3 +527,68 @@ def test_ordered_simulation_with_variable_costs_finishes_and_is_not_faster():
     assert ordered.throughput <= loose.throughput * 1.01
     with pytest.raises(ArgumentError, match="degree"):
         sim.simulate([sim.SimStage("x", 1.0, 0)])
+
+
+# -- measured refinement of the tuner's choice ---------------------------------------------------
+
+def contended(costs, cores, overhead):
+    """A stand-in for measurement: the model's rate, less a hand-off cost per worker beyond the
+    cores (what the idealised model leaves out)."""
+    def rate(degrees):
+        extra = max(0, sum(degrees.values()) - cores)
+        return predicted_throughput(costs, degrees, cores) / (1 + overhead * extra)
+    return rate
+
+
+def test_refine_moves_off_the_idealised_choice_when_measurement_disagrees():
+    costs = {"a": 3.0, "b": 1.0}
+    start = choose_degrees(costs, 4)          # the model, with a core per worker: a 3, b 1
+    assert start == {"a": 3, "b": 1}
+    evaluate = contended(costs, cores=2, overhead=0.6)   # extra workers cost more than they give
+    best, tried = refine_degrees(start, 4, evaluate)
+    exhaustive = max((evaluate({"a": a, "b": b}), -(a + b), (a, b))
+                     for a in range(1, 4) for b in range(1, 4) if a + b <= 4)
+    assert (best["a"], best["b"]) == exhaustive[2] and best != start
+    assert tried[(3, 1)] == evaluate(start) and len(tried) > 1
+
+
+def test_refine_keeps_the_start_unless_a_neighbour_is_clearly_better():
+    calls = []
+    flat = lambda degrees: calls.append(dict(degrees)) or 100.0
+    best, tried = refine_degrees({"a": 2, "b": 1}, 3, flat)
+    assert best == {"a": 2, "b": 1}
+    assert all(sum(d.values()) <= 3 and min(d.values()) >= 1 for d in calls)
+    assert {(1, 1), (1, 2)} <= set(tried)  # one fewer; one moved
+
+
+def test_refine_on_the_simulator_never_ends_below_the_model():
+    costs = {"decode": 6e-4, "resize": 8e-5, "rotate": 1e-4, "normalize": 1.2e-5, "chw": 4e-6}
+    start = choose_degrees(costs, 16, cores=16)
+    run = lambda d: sim.simulate([sim.SimStage(n, costs[n], d[n]) for n in costs], 300,
+                                 cores=16).throughput
+    best, tried = refine_degrees(start, 16, run, rounds=2)
+    assert run(best) >= run(start) and sum(best.values()) <= 16
+
+
+def test_autotune_with_refine_picks_a_measured_allocation_and_keeps_results():
+    pipe = (items(30).map(lambda x: x + 1, num_parallel=AUTOTUNE, name="a")
+            .map(lambda x: x * 2, num_parallel=AUTOTUNE, name="b"))
+    tuned = autotune(pipe, budget=3, costs={"source": 0.0, "a": 2.0, "b": 1.0}, refine=1,
+                     sample=10, repeats=1)
+    degrees = {n.name: n.num_parallel for n in tuned.nodes if n.kind == "map"}
+    assert sum(degrees.values()) <= 3 and min(degrees.values()) >= 1
+    assert tuned.to_list() == [(x + 1) * 2 for x in range(30)]
+
+
+def test_refine_does_not_move_on_one_disturbed_measurement():
+    calls = {}
+
+    def spiky(degrees):  # (1, 1) looks twice as fast the first time only
+        key = (degrees["a"], degrees["b"])
+        calls[key] = calls.get(key, 0) + 1
+        return 200.0 if key == (1, 1) and calls[key] == 1 else 100.0
+
+    best, tried = refine_degrees({"a": 2, "b": 1}, 3, spiky)
+    assert best == {"a": 2, "b": 1} and calls[(1, 1)] == 2 and calls[(2, 1)] == 2
+    steady = lambda degrees: 200.0 if (degrees["a"], degrees["b"]) == (1, 1) else 100.0
+    assert refine_degrees({"a": 2, "b": 1}, 3, steady)[0] == {"a": 1, "b": 1}

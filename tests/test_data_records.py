@@ -209,3 +209,16 @@ def test_layout_matches_the_documentation(tmp_path):
     (first,) = struct.unpack_from("<Q", data, index_offset + 8)
     (length,) = struct.unpack_from("<Q", data, first)
     assert decode_payload(data[first + 8:first + 8 + length]) == b"hi"
+
+
+def test_record_and_pipeline_errors_are_the_library_errors():
+    import mlsys_lab.data as data
+    from mlsys_lab import errors
+    from mlsys_lab.data import pipeline, records
+
+    assert data.RecordError is records.RecordError is errors.RecordError
+    assert data.PipelineError is pipeline.PipelineError is errors.PipelineError
+    assert issubclass(errors.RecordError, (errors.MLSysError, ValueError))
+    assert issubclass(errors.PipelineError, (errors.MLSysError, RuntimeError))
+    failure = errors.PipelineError("map 'f' failed", op="f", index=3)
+    assert (failure.op, failure.index) == ("f", 3)

@@ -10,6 +10,7 @@ from PIL import Image
 
 from mlsys_lab.data import datasets
 from mlsys_lab.data import transforms as T
+from mlsys_lab.data.item_rng import ItemRngs, item_rng
 from mlsys_lab.data.records import RecordFile
 from mlsys_lab.errors import ArgumentError, DTypeError, ShapeError
 
@@ -206,3 +207,39 @@ def test_write_image_records(tmp_path):
         assert all(np.array_equal(T.decode_png(r["image"]), p) for r, p in zip(rf, pixels))
     shards = datasets.write_image_records(tmp_path / "img", 6, size=8, seed=1, num_shards=2)
     assert sum(len(RecordFile(p)) for p in shards) == 6
+
+
+# -- per-item generators (counter-based, drawn vectorised for a batch) ---------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**63 - 1), st.lists(st.integers(0, 50), max_size=2),
+       st.integers(0, 2**40), st.integers(0, 70), st.floats(-180, 0), st.floats(0.001, 180))
+def test_item_rngs_uniform_is_each_items_own_first_draw(seed, epoch, first, count, low, width):
+    rngs = ItemRngs(seed, tuple(epoch), first, count)
+    own = np.array([item_rng(seed, tuple(epoch), first + j).uniform(low, low + width)
+                    for j in range(count)])  # numpy's own Philox generators: the oracle
+    assert np.array_equal(rngs.uniform(low, low + width), own)
+    assert np.array_equal([g.uniform(low, low + width) for g in rngs], own)
+    assert len(rngs) == count and len(rngs[1:3]) == min(2, max(count - 1, 0))
+
+
+def test_item_streams_differ_per_item_seed_and_epoch_and_repeat_exactly():
+    draws = lambda seed, epoch: ItemRngs(seed, epoch, 0, 200).uniform()
+    base = draws(3, (0,))
+    assert len(set(base.tolist())) == 200 and 0 <= base.min() and base.max() < 1
+    assert np.array_equal(base, draws(3, (0,)))
+    assert not np.isin(base, draws(4, (0,))).any() and not np.isin(base, draws(3, (1,))).any()
+    # an item's whole stream, not only its first draw, comes from its own counter
+    long = item_rng(3, (0,), 5).random(9)
+    assert long[0] == base[5] and np.array_equal(long, item_rng(3, (0,), 5).random(9))
+    with pytest.raises(IndexError):
+        ItemRngs(3, (0,), 0, 2)[2]
+
+
+def test_random_rotation_batch_with_item_rngs_matches_per_item_generators():
+    batch = np.stack([image(9, 9, seed=s) for s in range(6)])
+    rngs = ItemRngs(11, (2,), 40, 6)
+    per_item = np.stack([T.random_rotation(b, 25, item_rng(11, (2,), 40 + j))
+                         for j, b in enumerate(batch)])
+    assert np.array_equal(T.random_rotation_batch(batch, 25, rngs), per_item)
+    assert np.array_equal(T.RandomRotation(25).batched(batch, list(rngs)), per_item)

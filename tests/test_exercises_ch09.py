@@ -97,6 +97,16 @@ def parallel_map(fn, items, num_workers):
         k += 1
 
 
+def first_wave_then_serial(fn, items, num_workers):
+    """num_workers calls at once for the first items, then one at a time: the right peak."""
+    items = list(items)
+    with concurrent.futures.ThreadPoolExecutor(num_workers) as pool:
+        head = list(pool.map(fn, items[:num_workers]))
+    yield from head
+    for item in items[num_workers:]:
+        yield fn(item)
+
+
 def serial_list(fn, items, num_workers):
     return [fn(x) for x in items]
 
@@ -225,6 +235,21 @@ def test_9_1_a_serial_list_fails_concurrency_ownership_and_streaming():
 
 def test_9_1_a_serial_generator_fails_concurrency_and_ownership():
     _failed(run_cases("9.1", serial_generator, seed=5), "num_workers calls", "producer i owns")
+
+
+def test_9_1_a_first_wave_then_serial_map_fails_sustained_concurrency():
+    result = run_cases("9.1", first_wave_then_serial, seed=11)
+    row = _rows(result)["num_workers calls run at once, never more"]
+    assert not row.passed and "only for the first items" in row.feedback, _feedback(result)
+
+
+def test_9_1_the_concurrency_case_needs_no_wall_time():
+    # the verdict comes from what the probe recorded, so a slow machine cannot fail it
+    m, n, _ = ch09._concurrency_inputs(0)
+    raw = {"out": [x + 1 for x in range(n)], "peak": m, "overlap": [m] * n}
+    ch09._pm_concurrency_judge(raw, 0)
+    with pytest.raises(AssertionError, match="only for the first items"):
+        ch09._pm_concurrency_judge({**raw, "overlap": [m] * m + [1] * (n - m)}, 0)
 
 
 def test_9_1_an_unordered_pool_fails_the_order():

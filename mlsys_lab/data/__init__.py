@@ -46,7 +46,7 @@ __all__ = [
 
 # --- pipeline half (tf.data / MindSpore style): Pipeline, data-graph passes, record files ---
 from . import datasets, pipeline_sim, records, transforms  # noqa: E402
-from .autotune import AUTOTUNE, choose_degrees  # noqa: E402
+from .autotune import AUTOTUNE, choose_degrees, refine_degrees  # noqa: E402
 from .pipeline import (  # noqa: E402
     Pipeline,
     PipelineError,
@@ -60,6 +60,6 @@ from .records import RecordError, RecordFile, RecordWriter, read_shard, write_sh
 __all__ += [
     "AUTOTUNE", "Pipeline", "PipelineError", "PipelineTimeout", "RecordError", "RecordFile",
     "RecordWriter", "autotune", "choose_degrees", "datasets", "fuse_maps", "measure_costs",
-    "optimize", "pipeline_sim", "push_filters", "read_shard", "records", "transforms",
-    "vectorize_maps", "write_sharded",
+    "optimize", "pipeline_sim", "push_filters", "read_shard", "records", "refine_degrees",
+    "transforms", "vectorize_maps", "write_sharded",
 ]

@@ -130,10 +130,8 @@ class Packer:
     def close(self):
         """Unlink every segment (the worker is exiting; the main process keeps its mappings)."""
         self._owned.clear()
-        for name, (segment, _) in list(self._segments.items()):
-            _close(segment)
-            unlink(name)
-        self._segments.clear()
+        for name in list(self._segments):
+            self._unlink(name)
 
     def _segment(self, nbytes):
         """The name of a free segment of ``nbytes`` to ``2 nbytes`` bytes, or of a new one."""
@@ -161,10 +159,13 @@ class Packer:
         return entry[0]
 
     def _drop(self, name):
+        self._unlink(name)
+        self._dropped.append(name)
+
+    def _unlink(self, name):
         segment, _ = self._segments.pop(name)
         _close(segment)
         unlink(name)
-        self._dropped.append(name)
 
     def _unmap_extra(self):
         mapped = [n for n, (m, _) in self._segments.items() if m is not None]
@@ -201,8 +202,7 @@ class Receiver:
 
     def unpack(self, worker_id, skeleton, refs, dropped):
         """The batch that ``(skeleton, refs)`` describe (``dropped``: names to forget)."""
-        for name in dropped:
-            self._maps.pop(name, None)  # still-used arrays keep their own mapping alive
+        self._forget(dropped)
         holders = {}
         arrays = []
         for ref in refs:
@@ -217,10 +217,13 @@ class Receiver:
 
     def release(self, worker_id, refs, dropped):
         """Give back the segments of a message that will not be unpacked."""
-        for name in dropped:
-            self._maps.pop(name, None)
+        self._forget(dropped)
         for name in segment_names(refs):
             self.released.append((worker_id, name))
+
+    def _forget(self, dropped):
+        for name in dropped:  # unlinked by their worker; arrays still in use keep their mapping
+            self._maps.pop(name, None)
 
     def _holder(self, worker_id, name):
         """A byte array over segment ``name``; every array of the batch is a view of it, so
@@ -296,40 +299,52 @@ def _close(segment):
     return True
 
 
-def _strip(obj, arrays):
-    """``obj`` with each numeric array moved to ``arrays`` and replaced by a :class:`_Slot`."""
-    if isinstance(obj, np.ndarray) and not obj.dtype.hasobject and obj.dtype.kind != "V":
-        arrays.append(obj)
-        return _Slot(len(arrays) - 1)
-    if isinstance(obj, Tensor) and obj.data is not None:
-        arrays.append(obj.data)
-        return _Slot(len(arrays) - 1, tensor=True, requires_grad=obj.requires_grad)
+def _rebuild(obj, leaf):
+    """``obj`` with every part for which ``leaf`` returns something other than ``_KEEP``
+    replaced by that, through dicts, lists, (named) tuples and other mappings."""
+    out = leaf(obj)
+    if out is not _KEEP:
+        return out
     if type(obj) is dict:
-        return {k: _strip(v, arrays) for k, v in obj.items()}
+        return {k: _rebuild(v, leaf) for k, v in obj.items()}
     if type(obj) is list:
-        return [_strip(v, arrays) for v in obj]
+        return [_rebuild(v, leaf) for v in obj]
     if isinstance(obj, tuple):
-        items = [_strip(v, arrays) for v in obj]
+        items = [_rebuild(v, leaf) for v in obj]
         return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     if isinstance(obj, collections.abc.Mapping):
         try:
-            return type(obj)({k: _strip(v, arrays) for k, v in obj.items()})
-        except TypeError:
+            return type(obj)({k: _rebuild(v, leaf) for k, v in obj.items()})
+        except TypeError:  # a mapping that cannot be built from a dict travels as it is
             return obj
     return obj
 
 
+_KEEP = object()
+
+
+def _strip(obj, arrays):
+    """``obj`` with each numeric array moved to ``arrays`` and replaced by a :class:`_Slot`."""
+
+    def take(part):
+        if isinstance(part, np.ndarray) and not part.dtype.hasobject and part.dtype.kind != "V":
+            arrays.append(part)
+            return _Slot(len(arrays) - 1)
+        if isinstance(part, Tensor) and part.data is not None:
+            arrays.append(part.data)
+            return _Slot(len(arrays) - 1, tensor=True, requires_grad=part.requires_grad)
+        return _KEEP
+
+    return _rebuild(obj, take)
+
+
 def _fill(skeleton, arrays):
-    if isinstance(skeleton, _Slot):
-        array = arrays[skeleton.index]
-        return Tensor(array, requires_grad=skeleton.requires_grad) if skeleton.tensor else array
-    if type(skeleton) is dict:
-        return {k: _fill(v, arrays) for k, v in skeleton.items()}
-    if type(skeleton) is list:
-        return [_fill(v, arrays) for v in skeleton]
-    if isinstance(skeleton, tuple):
-        items = [_fill(v, arrays) for v in skeleton]
-        return type(skeleton)(*items) if hasattr(skeleton, "_fields") else type(skeleton)(items)
-    if isinstance(skeleton, collections.abc.Mapping):
-        return type(skeleton)({k: _fill(v, arrays) for k, v in skeleton.items()})
-    return skeleton
+    """The batch ``skeleton`` stands for: each :class:`_Slot` replaced by its array."""
+
+    def put_back(part):
+        if not isinstance(part, _Slot):
+            return _KEEP
+        array = arrays[part.index]
+        return Tensor(array, requires_grad=part.requires_grad) if part.tensor else array
+
+    return _rebuild(skeleton, put_back)

@@ -575,8 +575,8 @@ def _crash_message(w, doing, start_method):
         except ValueError:
             how = f"was killed by signal {-code}"
         hint = _SIGNAL_HINTS.get(-code, "")
-        if -code == signal.SIGTERM and start_method == "fork" and _numba_openmp_in_use():
-            hint = _NUMBA_OPENMP_HINT
+        if -code == signal.SIGTERM and start_method == "fork" and numba_openmp_in_use():
+            hint = NUMBA_OPENMP_HINT
     message = f"DataLoader worker {w.worker_id} (pid {w.process.pid}) {how} {doing}"
     return f"{message}. {hint}" if hint else message
 
@@ -586,14 +586,17 @@ _SIGNAL_HINTS = {
     signal.SIGBUS: "SIGBUS in a worker often means /dev/shm is too small for the batches",
     signal.SIGSEGV: "The dataset or a library it calls crashed (segmentation fault)",
 }
-_NUMBA_OPENMP_HINT = (
+NUMBA_OPENMP_HINT = (
     "numba's OpenMP threading layer terminates processes forked after it ran parallel code. "
-    "Install tbb (`pip install tbb`; numba then uses its fork-safe TBB layer), set "
-    "NUMBA_THREADING_LAYER=workqueue before numba first runs parallel code, or use "
-    "multiprocessing_context='forkserver'")
+    "Install tbb (`pip install tbb`; numba then picks its fork- and thread-safe TBB "
+    "layer, at some cost to parallel GEMM speed), or use multiprocessing_context='forkserver' (a "
+    "Pipeline: executor='thread'). NUMBA_THREADING_LAYER=workqueue is fork-safe too, but "
+    "aborts the program when several threads run numba-parallel code at once")
 
 
-def _numba_openmp_in_use():
+def numba_openmp_in_use():
+    """Whether numba has started its GNU OpenMP threading layer in this process (a forked
+    child that then runs numba-parallel code is terminated by numba)."""
     numba = sys.modules.get("numba")
     if numba is None:
         return False

@@ -12,6 +12,12 @@ worker to the currently slowest stage (that stage must get one in any better all
 trim every stage to the fewest workers that still reach the resulting rate. ``brute_force`` is
 the exhaustive oracle the tests compare against. Tuning a real ``Pipeline`` (measuring its
 stage costs, then applying the degrees) is ``pipeline.autotune``.
+
+The model is idealised: it assumes the stages overlap perfectly. Fair sharing of the CPUs,
+the GIL, the hand-off between thread groups and uneven items all cost rate it does not see.
+``refine_degrees`` corrects for them by hill-climbing from the model's choice on *measured*
+throughput (a timed run of the pipeline, or the simulator), as tf.data's AUTOTUNE adjusts on
+what it observes.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Mapping
 
 from ..errors import ArgumentError
 
-__all__ = ["AUTOTUNE", "choose_degrees", "brute_force", "predicted_throughput"]
+__all__ = ["AUTOTUNE", "choose_degrees", "brute_force", "predicted_throughput", "refine_degrees"]
 
 
 class _Autotune:
@@ -130,3 +136,69 @@ def brute_force(costs, budget: int, *, fixed: Mapping | None = None,
         if best_key is None or key > best_key:
             best, best_key = degrees, key
     return best
+
+
+def refine_degrees(degrees: Mapping, budget: int, evaluate, *, tuned=None, rounds: int = 3,
+                   margin: float = 0.03) -> tuple[dict, dict]:
+    """Hill-climb from ``degrees`` on measured throughput: the model's choice corrected for what
+    it leaves out (contention for the CPUs and the GIL, hand-off costs, uneven items).
+
+    Each round evaluates every neighbour of the current allocation (one more worker for a
+    stage, one fewer, or one moved between two stages; at most ``budget`` over the ``tuned``
+    stages) and moves to the best one if it beats the current by more than ``margin``, and
+    still does when both are measured again back to back (timings are noisy: a move needs a
+    clear and repeated gain; every allocation keeps its best measurement).
+
+    Args:
+        degrees: The start (``choose_degrees``' answer), ``{stage: degree}``.
+        budget: At most this many workers over the tuned stages.
+        evaluate: ``evaluate(degrees) -> items per second``: a measured run of the pipeline,
+            or the simulator.
+        tuned: The stages that may change (default: all).
+        rounds: Climbing steps at most.
+        margin: Relative gain a neighbour needs to be taken.
+
+    Returns:
+        ``(best degrees, {allocation as a tuple: measured rate})`` for every allocation tried.
+    """
+    tuned = list(degrees) if tuned is None else list(tuned)
+    seen = {}
+    key = lambda candidate: tuple(candidate[name] for name in degrees)
+
+    def rate(candidate, again=False):
+        """The candidate's measured rate (measured again if ``again``: that fresh value)."""
+        k = key(candidate)
+        if k in seen and not again:
+            return seen[k]
+        measured = float(evaluate(dict(candidate)))
+        seen[k] = max(seen.get(k, 0.0), measured)  # reported: the least disturbed run
+        return measured
+
+    current = dict(degrees)
+    for _ in range(rounds):
+        here = rate(current)
+        best, best_rate = None, here * (1 + margin)
+        for candidate in _neighbours(current, tuned, budget):
+            r = rate(candidate)
+            if r > best_rate:
+                best, best_rate = candidate, r
+        if best is None:
+            break
+        # confirm before moving: measure both once more, back to back, so that one disturbed
+        # measurement (another job on the machine) does not move the climb
+        if rate(best, again=True) <= rate(current, again=True) * (1 + margin):
+            break
+        current = best
+    return current, seen
+
+
+def _neighbours(degrees, tuned, budget):
+    used = sum(degrees[name] for name in tuned)
+    for name in tuned:
+        if used < budget:
+            yield {**degrees, name: degrees[name] + 1}
+        if degrees[name] > 1:
+            yield {**degrees, name: degrees[name] - 1}
+            for other in tuned:
+                if other != name:
+                    yield {**degrees, name: degrees[name] - 1, other: degrees[other] + 1}

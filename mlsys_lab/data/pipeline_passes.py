@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .pipeline import BatchNode, FilterNode, MapNode, Pipeline
+from .pipeline import Pipeline
+from .pipeline_ops import BatchNode, FilterNode, MapNode
 
 __all__ = ["fuse_maps", "vectorize_maps", "push_filters", "optimize", "DEFAULT_PASSES"]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ArgumentError
-from .pipeline import Event
+from .pipeline_report import Event
 
 __all__ = ["SimStage", "SimResult", "SimStageStats", "simulate", "analytic_throughput",
            "preprocess_rate", "book_stages", "BOOK_DEGREES"]

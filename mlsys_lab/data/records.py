@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ArgumentError, MLSysError
+from ..errors import ArgumentError, RecordError
 
 __all__ = ["RecordError", "RecordWriter", "RecordFile", "write_sharded", "read_shard",
            "shard_paths", "encode_payload", "decode_payload"]
@@ -40,10 +40,6 @@ _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _FOOTER = struct.Struct("<QI8s")
 _TAG_BYTES, _TAG_DICT = 0, 1
 _SCALARS = (bool, int, float, str, type(None))
-
-
-class RecordError(MLSysError, ValueError):
-    """A record file is truncated, corrupted or not a record file (names the file and record)."""
 
 
 def _crc(*chunks: bytes) -> int:

@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 from ..errors import ArgumentError, DTypeError, ShapeError
+from .item_rng import ItemRngs
 
 __all__ = ["BOOK_MEAN", "BOOK_STD", "decode_png", "decode_jpeg", "decode_image", "decode_batch",
            "encode_png", "encode_jpeg", "resize", "resize_batch", "rotate", "rotate_batch",
@@ -85,13 +86,22 @@ def decode_jpeg(data: bytes, mode: str = "RGB") -> np.ndarray:
 
 
 def decode_batch(items: Sequence[bytes], mode: str = "RGB") -> np.ndarray:
-    """Decode a list of equally sized PNG/JPEG images into one NHWC uint8 array."""
-    images = [decode_image(d, mode) for d in items]
-    shapes = sorted({im.shape for im in images})
-    if len(shapes) > 1:
-        raise ShapeError(f"decode_batch: images differ in shape: {shapes}")
-    return np.stack(images) if images else np.zeros((0, 0, 0, 3 if mode == "RGB" else 1),
-                                                    np.uint8)
+    """Decode a list of equally sized PNG/JPEG images into one NHWC uint8 array.
+
+    Each image is decoded straight into its slot of the batch (no per-image array to stack).
+    """
+    if len(items) == 0:
+        return np.zeros((0, 0, 0, 3 if mode == "RGB" else 1), np.uint8)
+    first = decode_image(items[0], mode)
+    out = np.empty((len(items), *first.shape), np.uint8)
+    out[0] = first
+    for n in range(1, len(items)):
+        image = decode_image(items[n], mode)
+        if image.shape != first.shape:
+            raise ShapeError(f"decode_batch: images differ in shape: image 0 is {first.shape}, "
+                             f"image {n} is {image.shape}")
+        out[n] = image
+    return out
 
 
 def _encode(image: np.ndarray, fmt: str, **options) -> bytes:
@@ -144,10 +154,8 @@ def _source_coordinates(out_size, in_size):
 
 
 @numba.njit(nogil=True, cache=False)
-def _resize_one(src, out, to_uint8):
+def _resize_into(src, out, ys0, ys1, wys, xs0, xs1, wxs, to_uint8):
     channels = src.shape[2]
-    ys0, ys1, wys = _source_coordinates(out.shape[0], src.shape[0])
-    xs0, xs1, wxs = _source_coordinates(out.shape[1], src.shape[1])
     for i in range(out.shape[0]):
         y0, y1, wy = ys0[i], ys1[i], wys[i]
         for j in range(out.shape[1]):
@@ -159,9 +167,18 @@ def _resize_one(src, out, to_uint8):
 
 
 @numba.njit(nogil=True, cache=False)
+def _resize_one(src, out, to_uint8):
+    ys0, ys1, wys = _source_coordinates(out.shape[0], src.shape[0])
+    xs0, xs1, wxs = _source_coordinates(out.shape[1], src.shape[1])
+    _resize_into(src, out, ys0, ys1, wys, xs0, xs1, wxs, to_uint8)
+
+
+@numba.njit(nogil=True, cache=False)
 def _resize_many(src, out, to_uint8):
+    ys0, ys1, wys = _source_coordinates(out.shape[1], src.shape[1])  # the same for every image
+    xs0, xs1, wxs = _source_coordinates(out.shape[2], src.shape[2])
     for n in range(src.shape[0]):
-        _resize_one(src[n], out[n], to_uint8)
+        _resize_into(src[n], out[n], ys0, ys1, wys, xs0, xs1, wxs, to_uint8)
 
 
 @numba.njit(nogil=True, cache=False)
@@ -173,7 +190,21 @@ def _tap(index, size):
 
 
 @numba.njit(nogil=True, cache=False)
-def _rotate_one(src, out, cos_t, sin_t, to_uint8):
+def _rotation_terms(angle_degrees):
+    """``cos`` and ``sin`` of the angle, exact at multiples of 90 degrees (so that a quarter
+    turn is a pure permutation)."""
+    radians = angle_degrees * (math.pi / 180.0)
+    cos_t, sin_t = math.cos(radians), math.sin(radians)
+    if abs(cos_t - round(cos_t)) < 1e-12:
+        cos_t = float(round(cos_t))
+    if abs(sin_t - round(sin_t)) < 1e-12:
+        sin_t = float(round(sin_t))
+    return cos_t, sin_t
+
+
+@numba.njit(nogil=True, cache=False)
+def _rotate_one(src, out, angle_degrees, to_uint8):
+    cos_t, sin_t = _rotation_terms(angle_degrees)
     height, width, channels = src.shape
     cy, cx = (height - 1) / 2.0, (width - 1) / 2.0
     for i in range(height):
@@ -183,16 +214,26 @@ def _rotate_one(src, out, cos_t, sin_t, to_uint8):
             sy = cos_t * dy + sin_t * dx + cy
             sx = cos_t * dx - sin_t * dy + cx
             y0, x0 = math.floor(sy), math.floor(sx)
+            if y0 < -1 or y0 >= height or x0 < -1 or x0 >= width:  # no neighbour inside
+                for c in range(channels):
+                    _store(out, i, j, c, 0.0, to_uint8)
+                continue
             wy, wx = sy - y0, sx - x0
-            # bilinear weights of the four neighbours; a neighbour outside the image weighs 0
-            ya, in_ya = _tap(y0, height)
-            yb, in_yb = _tap(y0 + 1, height)
-            xa, in_xa = _tap(x0, width)
-            xb, in_xb = _tap(x0 + 1, width)
-            w00 = (1.0 - wy) * (1.0 - wx) * in_ya * in_xa
-            w01 = (1.0 - wy) * wx * in_ya * in_xb
-            w10 = wy * (1.0 - wx) * in_yb * in_xa
-            w11 = wy * wx * in_yb * in_xb
+            if 0 <= y0 and y0 + 1 < height and 0 <= x0 and x0 + 1 < width:  # all inside
+                ya, yb, xa, xb = y0, y0 + 1, x0, x0 + 1
+                w00 = (1.0 - wy) * (1.0 - wx)
+                w01 = (1.0 - wy) * wx
+                w10 = wy * (1.0 - wx)
+                w11 = wy * wx
+            else:  # on the border: a neighbour outside the image weighs 0
+                ya, in_ya = _tap(y0, height)
+                yb, in_yb = _tap(y0 + 1, height)
+                xa, in_xa = _tap(x0, width)
+                xb, in_xb = _tap(x0 + 1, width)
+                w00 = (1.0 - wy) * (1.0 - wx) * in_ya * in_xa
+                w01 = (1.0 - wy) * wx * in_ya * in_xb
+                w10 = wy * (1.0 - wx) * in_yb * in_xa
+                w11 = wy * wx * in_yb * in_xb
             for c in range(channels):
                 value = (w00 * src[ya, xa, c] + w01 * src[ya, xb, c]) \
                     + (w10 * src[yb, xa, c] + w11 * src[yb, xb, c])
@@ -200,9 +241,9 @@ def _rotate_one(src, out, cos_t, sin_t, to_uint8):
 
 
 @numba.njit(nogil=True, cache=False)
-def _rotate_many(src, out, cos_t, sin_t, to_uint8):
+def _rotate_many(src, out, angles_degrees, to_uint8):
     for n in range(src.shape[0]):
-        _rotate_one(src[n], out[n], cos_t[n], sin_t[n], to_uint8)
+        _rotate_one(src[n], out[n], angles_degrees[n], to_uint8)
 
 
 @numba.njit(nogil=True, cache=False)
@@ -236,14 +277,6 @@ def _check_size(fn: str, size) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _rotation_terms(angle_degrees: float) -> tuple[float, float]:
-    radians = math.radians(angle_degrees)
-    cos_t, sin_t = math.cos(radians), math.sin(radians)
-    # exact at multiples of 90 degrees, so that rotate(x, 90) is a pure permutation
-    return (round(cos_t) if abs(cos_t - round(cos_t)) < 1e-12 else cos_t,
-            round(sin_t) if abs(sin_t - round(sin_t)) < 1e-12 else sin_t)
-
-
 def _check_degrees(fn: str, max_degrees) -> float:
     if not isinstance(max_degrees, (int, float, np.number)) or not 0 <= max_degrees <= 180:
         raise ArgumentError(f"{fn}: max_degrees must be a number in [0, 180], got {max_degrees!r}")
@@ -273,9 +306,8 @@ def resize_batch(images: np.ndarray, size) -> np.ndarray:
 def rotate(image: np.ndarray, angle_degrees: float) -> np.ndarray:
     """Rotate one HWC image counter-clockwise by ``angle_degrees`` (bilinear, zeros outside)."""
     image = _check_images("rotate", image, 3)
-    cos_t, sin_t = _rotation_terms(float(angle_degrees))
     out = np.empty_like(image)
-    _rotate_one(image, out, cos_t, sin_t, image.dtype == np.uint8)
+    _rotate_one(image, out, float(angle_degrees), image.dtype == np.uint8)
     return out
 
 
@@ -285,9 +317,8 @@ def rotate_batch(images: np.ndarray, angles_degrees) -> np.ndarray:
     angles = np.asarray(angles_degrees, dtype=np.float64).reshape(-1)
     if angles.shape[0] != images.shape[0]:
         raise ShapeError(f"rotate_batch: {images.shape[0]} images but {angles.shape[0]} angles")
-    terms = np.array([_rotation_terms(a) for a in angles], dtype=np.float64).reshape(-1, 2)
     out = np.empty_like(images)
-    _rotate_many(images, out, terms[:, 0].copy(), terms[:, 1].copy(), images.dtype == np.uint8)
+    _rotate_many(images, out, angles, images.dtype == np.uint8)
     return out
 
 
@@ -298,9 +329,16 @@ def random_rotation(image: np.ndarray, max_degrees: float, rng: np.random.Genera
 
 
 def random_rotation_batch(images: np.ndarray, max_degrees: float, rngs) -> np.ndarray:
-    """Batched ``random_rotation``: image ``n`` draws its angle from ``rngs[n]``."""
+    """Batched ``random_rotation``: image ``n`` draws its angle from ``rngs[n]``.
+
+    ``rngs`` is a list of generators, or the pipeline's ``ItemRngs``, whose ``uniform`` draws
+    every image's angle in one call (the same angles the images' own generators would draw).
+    """
     max_degrees = _check_degrees("random_rotation_batch", max_degrees)
-    angles = [rng.uniform(-max_degrees, max_degrees) for rng in rngs]
+    if isinstance(rngs, ItemRngs):
+        angles = rngs.uniform(-max_degrees, max_degrees)
+    else:
+        angles = [rng.uniform(-max_degrees, max_degrees) for rng in rngs]
     return rotate_batch(images, angles)
 
 
