@@ -67,6 +67,7 @@ from .engine.ops_shape import (
                               take,
                               transpose,
 )
+from .engine.ops_sparse import embedding_bag  # noqa: F401 - registers the embedding-bag ops
 
 embedding = take
 

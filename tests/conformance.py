@@ -1770,3 +1770,40 @@ def check_dropout(path, p=0.4, n=(40, 50), seed=5):
     assert np.isclose(value, np.sum(x * g), rtol=1e-10), \
         f"dropout {path}: the forward mask and the gradient's mask differ"
     return value, g
+
+
+# --- embedding bags (mlsys_lab/engine/ops_sparse.py) -------------------------------------------
+def _bag_ref(w, ids, offsets, mode):
+    ends = list(offsets[1:]) + [len(ids)]
+    out = np.zeros((len(offsets), w.shape[1]))
+    for b, (s, e) in enumerate(zip(offsets, ends)):
+        if e > s:
+            out[b] = w[ids[s:e]].sum(0) / (1 if mode == "sum" else e - s)
+    return out
+
+
+def _bag_grad_ref(g, ids, offsets, num_rows, mode):
+    ends = list(offsets[1:]) + [len(ids)]
+    out = np.zeros((num_rows, g.shape[1]))
+    for b, (s, e) in enumerate(zip(offsets, ends)):
+        for i in ids[s:e]:
+            out[i] += g[b] / (1 if mode == "sum" else e - s)
+    return out
+
+
+_BAG_IDS = np.array([3, 0, 3, 3, 1, 4])
+_BAG_OFFSETS = np.array([0, 2, 2, 5])  # bag 1 is empty; id 3 repeats across and within bags
+spec("embedding_bag",
+     *[_mk("embedding_bag", mode, lambda w, i, o, m=mode: ops.embedding_bag(w, i, o, mode=m),
+           lambda r: [rn(r, 5, 3), _BAG_IDS, _BAG_OFFSETS],
+           ref=lambda w, i, o, m=mode: _bag_ref(w, i, o, m), diff=(0,), second=True)
+       for mode in ("sum", "mean")],
+     _mk("embedding_bag", "no_ids", lambda w, i, o: ops.embedding_bag(w, i, o, mode="mean"),
+         lambda r: [rn(r, 4, 2), np.zeros(0, np.int64), np.zeros(2, np.int64)],
+         ref=lambda w, i, o: _bag_ref(w, i, o, "mean"), diff=(0,)))
+spec("embedding_bag_grad",
+     *[_mk("embedding_bag_grad", mode,
+           lambda g, i, o, m=mode: apply(get("embedding_bag_grad"), g, i, o, num_rows=5, mode=m),
+           lambda r: [rn(r, 4, 3), _BAG_IDS, _BAG_OFFSETS],
+           ref=lambda g, i, o, m=mode: _bag_grad_ref(g, i, o, 5, m), diff=(0,), second=True)
+       for mode in ("sum", "mean")])

@@ -15,6 +15,7 @@ from . import dtypes
 from .ops_math import cast
 from .ops_shape import IDENTITY, as_int
 from .pytree import flatten, unflatten
+from .sparse import accumulate_grad
 from .tensor import MODE, Tensor, apply, as_tensor, enable_grad, no_grad, zeros_like
 
 
@@ -88,8 +89,8 @@ def _backprop(outputs, cotangents, targets, retain_graph, create_graph, order=No
                                      f"of shape {tuple(gx.shape)} for an input of shape "
                                      f"{tuple(x.shape)}")
                 if gx.dtype != x.dtype:
-                    gx = cast(gx, x.dtype)
-                grads[id(x)] = grads[id(x)] + gx if id(x) in grads else gx
+                    gx = cast(gx, x.dtype) if isinstance(gx, Tensor) else gx.astype(x.dtype)
+                grads[id(x)] = accumulate_grad(grads.get(id(x)), gx)  # Tensor or RowSparse
             if not retain_graph:
                 t._freed = True
     for leaf_id, g in grads.items():  # targets that are leaves (never popped from the order)

@@ -1,12 +1,12 @@
 """Layers, losses and initialisers: ``ml.nn.Linear(784, 256)``, ``ml.nn.Sequential(...)``."""
 
 from . import init
+from .embedding import Embedding, EmbeddingBag
 from .layers import (
                      AvgPool2d,
                      BatchNorm2d,
                      Conv2d,
                      Dropout,
-                     Embedding,
                      Flatten,
                      LayerNorm,
                      Linear,
@@ -21,6 +21,6 @@ from .layers import (
 from .module import Module, Parameter, functional_call
 
 __all__ = ["Module", "Parameter", "functional_call", "init", "Linear", "Conv2d", "BatchNorm2d",
-           "LayerNorm",
+           "LayerNorm", "EmbeddingBag",
            "Embedding", "ReLU", "Tanh", "Sigmoid", "Dropout", "Flatten", "MaxPool2d",
            "AvgPool2d", "Sequential", "cross_entropy", "mse_loss"]

@@ -1,10 +1,16 @@
-"""Optimisers update parameters in place from their ``.grad`` (numpy arithmetic, no tape)."""
+"""Optimisers update parameters in place from their ``.grad`` (numpy arithmetic, no tape).
+
+A ``.grad`` may be a :class:`~mlsys_lab.engine.sparse.RowSparse` (an embedding table looked up
+with ``sparse=True``): SGD, Adagrad and SparseAdam then touch only its rows (``sparse_update``);
+the others refuse it, as PyTorch's do.
+"""
 
 import math
 import numbers
 
 import numpy as np
 
+from ..engine.sparse import RowSparse
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, CheckpointError, DTypeError
 
@@ -12,7 +18,8 @@ from ..errors import ArgumentError, CheckpointError, DTypeError
 _LIMITS = {"lr": ("learning rate", False), "momentum": ("momentum value", False),
            "weight_decay": ("weight_decay value", False), "eps": ("epsilon value", False),
            "alpha": ("alpha value", False), "beta1": ("beta parameter at index 0", True),
-           "beta2": ("beta parameter at index 1", True)}
+           "beta2": ("beta parameter at index 1", True), "lr_decay": ("lr_decay", False),
+           "initial_accumulator_value": ("initial_accumulator_value", False)}
 
 
 def _check_hyper(owner, hyper):
@@ -81,13 +88,32 @@ class Optimizer:
         """Apply one update to every parameter that has a gradient."""
         self.step_count += 1
         for p, st in zip(self.params, self.state):
-            if p.grad is not None:
+            if isinstance(p.grad, RowSparse):
+                if tuple(p.grad.shape) != tuple(p.shape):
+                    raise ArgumentError(f"{type(self).__name__}: a row-sparse gradient of shape "
+                                        f"{p.grad.shape} for a parameter of shape {p.shape}")
+                self.sparse_update(p, p.grad.astype(p.data.dtype), st)
+            elif p.grad is not None:
                 g = p.grad.data if hasattr(p.grad, "data") else np.asarray(p.grad)
                 self.update(p, g.astype(p.data.dtype, copy=False), st)
 
     def update(self, p, g, state):
         """Update parameter ``p`` in place from gradient array ``g`` and its ``state``."""
         raise NotImplementedError
+
+    def sparse_update(self, p, g, state):
+        """Update only rows ``g.indices`` of ``p`` from a RowSparse ``g`` (duplicate indices
+        possible: an update that is not linear in ``g`` must ``g.coalesce()`` first)."""
+        raise ArgumentError(f"{type(self).__name__} does not support sparse gradients (the "
+                            f"{p.shape} parameter has a RowSparse .grad); use SGD, Adagrad or "
+                            f"SparseAdam for it")
+
+    def _no_sparse(self, *names):
+        """Refuse hyper-parameters that would touch every row of a sparse parameter."""
+        for n in names:
+            if self.hyper[n]:
+                raise ArgumentError(f"{type(self).__name__}: {n}={self.hyper[n]!r} is not "
+                                    f"compatible with sparse gradients (it changes every row)")
 
     def state_dict(self):
         """Hyper-parameters, step count and per-parameter state arrays (for ``ml.save``)."""
@@ -143,6 +169,11 @@ class SGD(Optimizer):
             g = g + h["momentum"] * buf if h["nesterov"] else buf
         p.data -= np.asarray(h["lr"], p.data.dtype) * g
 
+    def sparse_update(self, p, g, st):
+        """Plain SGD on the touched rows (momentum and weight decay would touch every row)."""
+        self._no_sparse("momentum", "weight_decay")
+        g.add_to(p.data, scale=-self.hyper["lr"])  # linear in g: duplicates may stay
+
 
 class Adam(Optimizer):
     """Adam (Kingma & Ba) with bias correction; ``weight_decay`` adds L2 to the gradient."""
@@ -184,3 +215,91 @@ class RMSProp(Optimizer):
         sq *= h["alpha"]
         sq += (1 - h["alpha"]) * g * g
         p.data -= (h["lr"] * g / (np.sqrt(sq) + h["eps"])).astype(p.data.dtype, copy=False)
+
+
+class Adagrad(Optimizer):
+    """Adagrad (Duchi et al.), as ``torch.optim.Adagrad``: ``sum += g^2``,
+    ``p -= lr_t * g / (sqrt(sum) + eps)`` with ``lr_t = lr / (1 + (t - 1) lr_decay)``.
+
+    A row-sparse gradient updates the accumulator and the parameter in its rows only, which
+    gives exactly the dense result (an untouched row has ``g = 0``: neither changes).
+    """
+
+    state_names = ("sum",)
+
+    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
+                 initial_accumulator_value=0.0, eps=1e-10):
+        super().__init__(params, lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                         initial_accumulator_value=initial_accumulator_value, eps=eps)
+        for st in self.state:
+            st["sum"] += np.asarray(initial_accumulator_value, st["sum"].dtype)
+
+    def _lr(self):
+        h = self.hyper
+        return h["lr"] / (1 + (self.step_count - 1) * h["lr_decay"])
+
+    def update(self, p, g, st):
+        if self.hyper["weight_decay"]:
+            g = g + self.hyper["weight_decay"] * p.data
+        st["sum"] += g * g
+        p.data -= (self._lr() * g / (np.sqrt(st["sum"]) + self.hyper["eps"])).astype(
+            p.data.dtype, copy=False)
+
+    def sparse_update(self, p, g, st):
+        self._no_sparse("weight_decay")
+        g = g.coalesce()
+        rows, v = g.indices, g.values
+        st["sum"][rows] += v * v
+        p.data[rows] -= (self._lr() * v / (np.sqrt(st["sum"][rows]) + self.hyper["eps"])
+                         ).astype(p.data.dtype, copy=False)
+
+
+class SparseAdam(Optimizer):
+    """Lazy Adam for row-sparse gradients, as ``torch.optim.SparseAdam``: only the rows a
+    gradient touches have their moments ``m, v`` updated and are moved; every other row keeps
+    its moments as they were (no decay), which is what makes it differ from dense Adam. Each
+    parameter counts its own steps (those in which it had a gradient) for the bias correction.
+
+    Raises:
+        ArgumentError: at ``step()``, a parameter has a dense gradient (use Adam for it).
+    """
+
+    state_names = ("m", "v")
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise DTypeError(f"SparseAdam: betas must be a pair (beta1, beta2), got {betas!r}")
+        super().__init__(params, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps)
+        self.param_steps = [0] * len(self.params)
+
+    def update(self, p, g, st):
+        raise ArgumentError(f"SparseAdam does not support dense gradients (parameter of shape "
+                            f"{p.shape}); use Adam for it")
+
+    def sparse_update(self, p, g, st):
+        h = self.hyper
+        i = next(k for k, q in enumerate(self.params) if q is p)
+        self.param_steps[i] += 1
+        t = self.param_steps[i]
+        g = g.coalesce()
+        rows, v = g.indices, g.values
+        m_old, v_old = st["m"][rows], st["v"][rows]
+        m_new = m_old + (v - m_old) * (1 - h["beta1"])
+        v_new = v_old + (v * v - v_old) * (1 - h["beta2"])
+        st["m"][rows], st["v"][rows] = m_new, v_new
+        step = h["lr"] * math.sqrt(1 - h["beta2"] ** t) / (1 - h["beta1"] ** t)
+        p.data[rows] -= (step * m_new / (np.sqrt(v_new) + h["eps"])).astype(p.data.dtype,
+                                                                           copy=False)
+
+    def state_dict(self):
+        sd = super().state_dict()
+        sd["param_steps"] = np.asarray(self.param_steps, np.int64)
+        return sd
+
+    def load_state_dict(self, sd):
+        steps = np.asarray(sd.get("param_steps", np.zeros(len(self.params))), np.int64)
+        if steps.shape != (len(self.params),):
+            raise CheckpointError(f"SparseAdam.load_state_dict: param_steps must have "
+                                  f"{len(self.params)} entries, got shape {steps.shape}")
+        super().load_state_dict(sd)
+        self.param_steps = [int(s) for s in steps]

@@ -1,0 +1,198 @@
+"""Recommender-system costs (book chapter 13): sparse embedding updates, parameter-server
+traffic, and a DLRM training step against PyTorch.
+
+    python benchmarks/recsys.py [--quick] [--rounds 5]
+
+Prints three tables:
+
+1. **Sparse vs dense embedding update** for a 10^6 x 64 float32 table and a batch touching
+   10^4 rows: backward of an embedding bag plus an SGD step, once with ``sparse=True`` (the
+   gradient is a RowSparse of the touched rows; about 2.5 MB of rows move) and once dense (a
+   256 MB gradient table is built and the whole table is read and written: about 0.75 GB).
+   Target: sparse >= 100x faster.
+2. **Bytes moved per worker per step**: the DLRM's 8 tables of 10^5 x 16 on 4 row-sharded
+   parameter servers, pulling and pushing only a batch's touched rows, against a ring
+   all-reduce of the dense table gradients over 8 workers.
+3. **DLRM training step** (13 dense -> 13-64-16 bottom MLP, 8 tables of 10^5 x 16, dot
+   interaction, top MLP, batch 512; SparseAdam on the tables, Adam on the MLPs), ours against
+   the same model in PyTorch (``nn.EmbeddingBag(mode="sum", sparse=True)``,
+   ``torch.optim.SparseAdam`` + ``Adam``) when torch is installed. Target: ours <= 1.5x torch.
+
+Contestants run interleaved (``timing.compare``), best of ``--rounds``; the load average is
+printed next to the times because the machine is shared. BLAS (threadpoolctl) and torch both
+run ``--threads`` threads (default 1: on a loaded 2-core machine a 2-thread OpenBLAS call on a
+512 x 64 matrix waits milliseconds for its second thread).
+"""
+
+import argparse
+import os
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+import mlsys_lab as ml
+from mlsys_lab import recsys as rs
+from mlsys_lab import timing
+
+
+def load():
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
+# --- 1. sparse vs dense embedding update ---------------------------------------------------------
+def embedding_update(args):
+    rows, dim, touched = (10 ** 5 if args.quick else 10 ** 6), 64, 10 ** 4
+    rng = np.random.default_rng(0)
+    ids = rng.choice(rows, touched, replace=False)
+    offsets = np.arange(touched)
+    g = ml.tensor(rng.standard_normal((touched, dim)).astype(np.float32))
+    tables = {s: ml.nn.Parameter(rng.standard_normal((rows, dim)).astype(np.float32))
+              for s in (True, False)}
+    opts = {s: ml.optim.SGD([tables[s]], lr=1e-3) for s in (True, False)}
+
+    def step(sparse):
+        w = tables[sparse]
+        w.grad = None
+        (ml.ops.embedding_bag(w, ids, offsets, "sum", sparse) * g).sum().backward()
+        opts[sparse].step()
+
+    res = timing.compare({"dense": lambda: step(False), "sparse": lambda: step(True)},
+                         rounds=args.rounds, baseline="dense")
+    table = rows * dim * 4
+    print(f"\n1. Embedding update: {rows:.0e} x {dim} float32 table, {touched} rows touched "
+          f"(backward + SGD step); {load()}")
+    print(f"  {'':8}{'time ms':>10}{'gradient':>12}{'update r+w':>13}")
+    print(f"  {'dense':8}{res['dense'] * 1e3:>10.2f}{table / 1e6:>9.1f} MB"
+          f"{3 * table / 1e9:>10.2f} GB")
+    print(f"  {'sparse':8}{res['sparse'] * 1e3:>10.2f}{touched * dim * 4 / 1e6:>9.1f} MB"
+          f"{3 * touched * dim * 4 / 1e6:>10.2f} MB")
+    print(f"  sparse speed-up: {res.speedup('sparse'):.0f}x (target >= 100x)")
+
+
+# --- 2. bytes moved: sparse PS vs dense all-reduce ------------------------------------------------
+def ps_bytes(args):
+    sizes, dim, batch, servers, workers = [10 ** 5] * 8, 16, 512, 4, 8
+    log = rs.synthetic_click_log(batch * 4, sizes, seed=1)
+    tables = [np.zeros((n, dim), np.float32) for n in sizes]
+    ps = rs.ShardedTables(tables, servers, "row")
+    steps = 4
+    touched = 0
+    for b in range(steps):
+        _, ids, _ = log.batch(np.arange(b * batch, (b + 1) * batch))
+        for t, i in enumerate(ids):
+            rows = ps.pull(t, i)
+            touched += rows.nnz_rows
+            ps.push(t, rs.sharding.RowSparse(rows.indices, np.ones_like(rows.values),
+                                             sizes[t]), lr=0.0)
+    sparse = (ps.bytes_pulled + ps.bytes_pushed) / steps
+    dense = rs.dense_allreduce_bytes(sum(t.nbytes for t in tables), workers)
+    total_rows = sum(sizes)
+    print(f"\n2. Bytes per worker per step: DLRM tables 8 x 1e5 x {dim}, batch {batch}, "
+          f"{servers} row-sharded servers vs ring all-reduce over {workers} workers")
+    print(f"  rows touched per step: {touched / steps:.0f} of {total_rows} "
+          f"({touched / steps / total_rows:.2%})")
+    print(f"  {'sparse PS pull + push':<28}{sparse / 1e6:>10.3f} MB")
+    print(f"  {'dense all-reduce':<28}{dense / 1e6:>10.3f} MB")
+    print(f"  ratio: {dense / sparse:.0f}x fewer bytes")
+    print(f"  per-server bytes {[round(b / steps / 1e3) for b in ps.server_bytes]} kB")
+
+
+# --- 3. DLRM step vs PyTorch -------------------------------------------------------------------
+def dlrm_step(args):
+    sizes = [10 ** 4 if args.quick else 10 ** 5] * 8
+    batch = 512
+    log = rs.synthetic_click_log(batch, sizes, seed=2)
+    dense, ids, labels = log.batch(np.arange(batch))
+    model = rs.DLRM(sizes, dim=16, bottom=(64,), top=(64, 32), rng=0)
+    lazy = ml.optim.SparseAdam(model.embedding_parameters(), lr=1e-3)
+    adam = ml.optim.Adam(model.dense_parameters(), lr=1e-3)
+
+    def ours():
+        loss = rs.bce_with_logits(model(dense, ids), labels)
+        model.zero_grad()
+        loss.backward()
+        lazy.step()
+        adam.step()
+
+    fns = {"mlsys_lab": ours}
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        torch.set_num_threads(args.threads)
+        fns["torch"] = torch_dlrm(torch, model, dense, ids, labels)
+    res = timing.compare(fns, rounds=args.rounds, warmup=2, baseline="torch" if torch else
+                         "mlsys_lab")
+    print(f"\n3. DLRM training step (batch {batch}, 8 tables x {sizes[0]:.0e} x 16, "
+          f"SparseAdam + Adam); {load()}")
+    for name in fns:
+        print(f"  {name:<10}{res[name] * 1e3:>9.2f} ms")
+    if torch is not None:
+        print(f"  ours / torch: {res.ratio('mlsys_lab'):.2f}x (target <= 1.5x); torch threads "
+              f"{torch.get_num_threads()}")
+    else:
+        print("  torch is not installed: no comparison")
+
+
+def torch_dlrm(torch, model, dense, ids, labels):
+    """The same DLRM in PyTorch, initialised with our weights; returns one training step."""
+    nn = torch.nn
+
+    def linear(ours):
+        lin = nn.Linear(*ours.weight.shape)
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(ours.weight.numpy().T.copy()))
+            lin.bias.copy_(torch.from_numpy(ours.bias.numpy()))
+        return lin
+
+    def seq(ours):
+        return nn.Sequential(*[linear(m) if isinstance(m, ml.nn.Linear) else nn.ReLU()
+                               for m in ours])
+
+    bottom, top = seq(model.bottom), seq(model.top)
+    tables = nn.ModuleList()
+    for t in model.tables:
+        e = nn.EmbeddingBag(*t.weight.shape, mode="sum", sparse=True)
+        with torch.no_grad():
+            e.weight.copy_(torch.from_numpy(t.weight.numpy()))
+        tables.append(e)
+    f = len(tables) + 1
+    li, lj = np.tril_indices(f, k=-1)
+    li, lj = torch.from_numpy(li), torch.from_numpy(lj)
+    x_dense = torch.from_numpy(dense)
+    x_ids = [torch.from_numpy(i) for i in ids]
+    y = torch.from_numpy(labels)
+    lazy = torch.optim.SparseAdam(list(tables.parameters()), lr=1e-3)
+    adam = torch.optim.Adam(list(bottom.parameters()) + list(top.parameters()), lr=1e-3)
+
+    def step():
+        x = bottom(x_dense)
+        z = torch.stack([x] + [t(i) for t, i in zip(tables, x_ids)], dim=1)
+        inter = torch.bmm(z, z.transpose(1, 2))[:, li, lj]
+        logit = top(torch.cat([x, inter], dim=1)).reshape(-1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logit, y)
+        lazy.zero_grad()
+        adam.zero_grad()
+        loss.backward()
+        lazy.step()
+        adam.step()
+
+    return step
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller tables (a smoke test)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="BLAS and torch threads")
+    args = parser.parse_args()
+    print(f"mlsys_lab recsys benchmark; {args.threads} BLAS/torch thread(s); {load()}")
+    with threadpool_limits(args.threads):
+        embedding_update(args)
+        ps_bytes(args)
+        dlrm_step(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""A row-sparse gradient: the few rows of an embedding table that a batch touched.
+
+An embedding lookup reads a handful of rows of a huge table, so its gradient is zero everywhere
+except in those rows. ``RowSparse`` stores only the touched rows (``indices``) and their values,
+which is what a parameter server moves over the network instead of the dense table, and what
+the tape hands to ``.grad`` for a table looked up with ``sparse=True``
+(:mod:`.ops_sparse`). Optimisers that understand it update only those rows.
+"""
+
+import numba
+import numpy as np
+
+from ..errors import ArgumentError, DTypeError, ShapeError
+from .tensor import Tensor
+
+
+@numba.njit(cache=False)
+def _scatter_add_rows(out, rows, values, scale):
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        for j in range(out.shape[1]):
+            out[r, j] += scale * values[k, j]
+
+
+def scatter_add_rows(out, rows, values, scale=1.0):
+    """``out[rows[k]] += scale * values[k]`` for every k, duplicates accumulating (one Numba
+    pass; ``np.add.at`` semantics). ``out`` is written in place and returned."""
+    if out.size == 0 or len(rows) == 0:
+        return out
+    if out.flags.c_contiguous:
+        flat_values = np.ascontiguousarray(values, dtype=out.dtype).reshape(len(rows), -1)
+        _scatter_add_rows(out.reshape(out.shape[0], -1), np.ascontiguousarray(rows, np.int64),
+                          flat_values, out.dtype.type(scale))
+    else:
+        np.add.at(out, rows, values * scale)
+    return out
+
+
+def _check_num_rows(num_rows, owner):
+    if isinstance(num_rows, (bool, np.bool_)) or not isinstance(num_rows, (int, np.integer)):
+        raise DTypeError(f"{owner}: num_rows must be an int, got {num_rows!r}")
+    if num_rows < 0:
+        raise ArgumentError(f"{owner}: num_rows must be >= 0, got {num_rows}")
+    return int(num_rows)
+
+
+class RowSparse:
+    """Rows ``indices`` of a ``(num_rows, *row_shape)`` array; every other row is zero.
+
+    Duplicate indices are allowed (one per lookup of the same id) and mean their rows add up;
+    :meth:`coalesce` merges them.
+
+    Args:
+        indices: 1-D integer array of row numbers in ``[0, num_rows)``, length k.
+        values: array of shape ``(k, *row_shape)``, the rows' values.
+        num_rows: the number of rows of the dense array this stands for.
+
+    Raises:
+        DTypeError: indices are not integers, values are not numeric, num_rows is not an int.
+        ShapeError: indices are not 1-D, or values' first axis is not len(indices).
+        ArgumentError: an index is outside ``[0, num_rows)``.
+    """
+
+    __slots__ = ("indices", "values", "num_rows")
+
+    def __init__(self, indices, values, num_rows):
+        indices, values = np.asarray(indices), np.asarray(values)
+        num_rows = _check_num_rows(num_rows, "RowSparse")
+        if indices.size == 0 and indices.dtype.kind not in "iu":
+            indices = indices.astype(np.int64)
+        if indices.dtype.kind not in "iu":
+            raise DTypeError(f"RowSparse: indices must be integers, got {indices.dtype}")
+        if indices.ndim != 1:
+            raise ShapeError(f"RowSparse: indices must be 1-D, got shape {indices.shape}")
+        if values.dtype.kind not in "fiuc":
+            raise DTypeError(f"RowSparse: values must be numeric, got {values.dtype}")
+        if values.ndim == 0 or values.shape[0] != indices.shape[0]:
+            raise ShapeError(f"RowSparse: values must have shape ({indices.shape[0]}, ...) "
+                             f"(one row per index), got {values.shape}")
+        if indices.size and (indices.min() < 0 or indices.max() >= num_rows):
+            bad = indices[(indices < 0) | (indices >= num_rows)][0]
+            raise ArgumentError(f"RowSparse: index {int(bad)} is outside [0, {num_rows})")
+        self.indices = indices.astype(np.int64, copy=False)
+        self.values = values
+        self.num_rows = num_rows
+
+    # --- shape -----------------------------------------------------------------------------------
+    @property
+    def row_shape(self):
+        """The shape of one row."""
+        return self.values.shape[1:]
+
+    @property
+    def shape(self):
+        """The shape of the dense array this stands for."""
+        return (self.num_rows, *self.row_shape)
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    @property
+    def nnz_rows(self):
+        """Number of stored rows (duplicates counted)."""
+        return int(self.indices.shape[0])
+
+    @property
+    def nbytes(self):
+        """Bytes on the wire: the indices plus the values."""
+        return int(self.indices.nbytes + self.values.nbytes)
+
+    def __repr__(self):
+        return (f"RowSparse({self.nnz_rows} of {self.num_rows} rows, row_shape={self.row_shape}, "
+                f"dtype={self.dtype})")
+
+    # --- conversions -----------------------------------------------------------------------------
+    @classmethod
+    def from_dense(cls, dense, indices=None):
+        """The non-zero rows of ``dense`` (or exactly the rows ``indices``, zero or not).
+
+        Raises:
+            ShapeError: ``dense`` is 0-d.
+        """
+        dense = np.asarray(dense)
+        if dense.ndim == 0:
+            raise ShapeError("RowSparse.from_dense: needs at least 1 dimension, got a 0-d array")
+        if indices is None:
+            flat = dense.reshape(dense.shape[0], -1)
+            indices = np.flatnonzero(np.any(flat != 0, axis=1))
+        check = RowSparse(indices, np.zeros((np.size(indices), 0)), dense.shape[0])
+        return cls(check.indices, dense[check.indices].copy(), dense.shape[0])
+
+    def to_dense(self):
+        """The dense ``(num_rows, *row_shape)`` array (duplicate rows summed)."""
+        return scatter_add_rows(np.zeros(self.shape, dtype=self.dtype), self.indices,
+                                self.values)
+
+    def coalesce(self):
+        """An equal RowSparse with sorted, unique indices (duplicate rows summed)."""
+        if self.is_coalesced():
+            return self
+        unique, inverse = np.unique(self.indices, return_inverse=True)
+        values = np.zeros((unique.shape[0], *self.row_shape), dtype=self.dtype)
+        scatter_add_rows(values, inverse.reshape(-1), self.values)
+        return RowSparse(unique, values, self.num_rows)
+
+    def is_coalesced(self):
+        """Whether indices are strictly increasing (so unique)."""
+        return bool(np.all(np.diff(self.indices) > 0))
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(grad)``: the dense array (an explicit, costly densification)."""
+        dense = self.to_dense()
+        return dense if dtype is None else dense.astype(dtype, copy=False)
+
+    def detach(self):
+        """A RowSparse is never on a tape: itself (so gradient code can treat it as a Tensor)."""
+        return self
+
+    def numpy(self):
+        """The dense array, as ``Tensor.numpy()`` gives (costly for a big table)."""
+        return self.to_dense()
+
+    def astype(self, dtype):
+        """The same rows with values cast to ``dtype``."""
+        return RowSparse(self.indices, self.values.astype(dtype, copy=False), self.num_rows)
+
+    def concat(self, other):
+        """Both sets of rows, not merged (duplicates kept: the cheap sum the tape uses)."""
+        self._check_same(other, "concat")
+        return RowSparse(np.concatenate([self.indices, other.indices]),
+                         np.concatenate([self.values, other.values]), self.num_rows)
+
+    # --- arithmetic ------------------------------------------------------------------------------
+    def _check_same(self, other, op):
+        if self.num_rows != other.num_rows or self.row_shape != other.row_shape:
+            raise ShapeError(f"RowSparse.{op}: shapes {self.shape} and {other.shape} differ")
+
+    def __add__(self, other):
+        """RowSparse + RowSparse -> RowSparse (coalesced); RowSparse + dense -> dense (a
+        Tensor when ``other`` is a Tensor)."""
+        if isinstance(other, RowSparse):
+            return self.concat(other).coalesce()
+        if isinstance(other, Tensor):
+            return Tensor._wrap(self + other.numpy())
+        dense = np.asarray(other)
+        if dense.shape != self.shape:
+            raise ShapeError(f"RowSparse.add: shapes {self.shape} and {dense.shape} differ")
+        out = np.array(dense, dtype=np.result_type(dense, self.values), copy=True)
+        return scatter_add_rows(out, self.indices, self.values)
+
+    __radd__ = __add__
+
+    def __mul__(self, scalar):
+        """Scale every value by a number."""
+        if not np.isscalar(scalar):
+            raise DTypeError(f"RowSparse.mul: expects a scalar, got {type(scalar).__name__}")
+        return RowSparse(self.indices, self.values * scalar, self.num_rows)
+
+    __rmul__ = __mul__
+
+    def add_to(self, dense, scale=1.0):
+        """Scatter-add ``scale * self`` into ``dense`` in place (duplicates accumulate).
+
+        Raises:
+            ShapeError: ``dense`` does not have this RowSparse's shape.
+        """
+        if tuple(dense.shape) != self.shape:
+            raise ShapeError(f"RowSparse.add_to: target shape {tuple(dense.shape)} is not "
+                             f"{self.shape}")
+        if isinstance(dense, np.ndarray) and dense.dtype.kind == "f":
+            return scatter_add_rows(dense, self.indices, self.values, scale)
+        np.add.at(dense, self.indices, self.values * scale)
+        return dense
+
+    def select(self, mask):
+        """The stored rows where the boolean ``mask`` (one per stored row) is true."""
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != self.indices.shape:
+            raise ShapeError(f"RowSparse.select: mask shape {mask.shape} is not "
+                             f"{self.indices.shape}")
+        return RowSparse(self.indices[mask], self.values[mask], self.num_rows)
+
+
+def accumulate_grad(total, g):
+    """``total + g`` for cotangents that may be Tensors or RowSparse (``total`` None: ``g``).
+
+    Two RowSparse concatenate (no merge, as PyTorch's uncoalesced sparse gradients); a
+    RowSparse meeting a dense Tensor makes a dense Tensor."""
+    if total is None:
+        return g
+    if isinstance(total, RowSparse) and isinstance(g, RowSparse):
+        return total.concat(g)
+    if isinstance(g, RowSparse):
+        return g + total
+    return total + g

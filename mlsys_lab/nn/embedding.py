@@ -1,0 +1,89 @@
+"""Embedding layers whose table gradient can be row-sparse: ``Embedding(sparse=True)`` and
+``EmbeddingBag`` (sum / mean pooling over variable-length id lists, PyTorch semantics)."""
+
+import numpy as np
+
+from .. import ops
+from ..engine.ops_sparse import MODES, embedding_bag, embedding_lookup
+from ..engine.tensor import Tensor
+from ..errors import ArgumentError, DTypeError, RankError
+from . import init
+from . import layers as _layers
+from .module import Module, Parameter
+
+
+def _flag(layer, sparse):
+    if not isinstance(sparse, (bool, np.bool_)):
+        raise DTypeError(f"{layer}: sparse must be True or False, got {sparse!r}")
+    return bool(sparse)
+
+
+class Embedding(_layers.Embedding):
+    """A lookup table: integer ids of any shape -> rows of ``weight`` (``(*ids.shape, dim)``).
+
+    Args:
+        num_embeddings, embedding_dim: the table's shape.
+        rng: seed or Generator of the N(0, 1) initial rows.
+        sparse: give ``weight.grad`` as a :class:`~mlsys_lab.engine.sparse.RowSparse` of the
+            touched rows instead of a dense table (``ml.optim.SGD``, ``Adagrad`` and
+            ``SparseAdam`` update only those rows).
+    """
+
+    def __init__(self, num_embeddings, embedding_dim, rng=None, sparse=False):
+        super().__init__(num_embeddings, embedding_dim, rng)
+        self.sparse = _flag("Embedding", sparse)
+
+    def forward(self, ids):
+        if not self.sparse:
+            return super().forward(ids)
+        return embedding_lookup(self.weight, ids, sparse=True)
+
+
+class EmbeddingBag(Module):
+    """Pooled lookups over bags of ids (``torch.nn.EmbeddingBag``): output row ``b`` is the sum
+    or mean of the table rows ``ids[offsets[b]:offsets[b+1]]``; an empty bag gives zeros.
+
+    Call it with a 1-D ``ids`` and ``offsets`` (variable-length bags), or with a 2-D ``ids`` of
+    shape ``(bags, length)`` and no offsets (every bag of the same length).
+
+    Args:
+        num_embeddings, embedding_dim: the table's shape.
+        mode: ``"sum"`` or ``"mean"`` (PyTorch's default).
+        sparse: row-sparse ``weight.grad`` (see :class:`Embedding`).
+        rng: seed or Generator of the N(0, 1) initial rows.
+        weight: an initial ``(num_embeddings, embedding_dim)`` array instead (copied).
+    """
+
+    def __init__(self, num_embeddings, embedding_dim, mode="mean", sparse=False, rng=None,
+                 weight=None):
+        super().__init__()
+        _layers._check_sizes("EmbeddingBag", num_embeddings=num_embeddings,
+                             embedding_dim=embedding_dim)
+        if mode not in MODES:
+            raise ArgumentError(f"EmbeddingBag: mode must be one of {MODES}, got {mode!r}")
+        self.mode, self.sparse = mode, _flag("EmbeddingBag", sparse)
+        if weight is None:
+            weight = init.normal((num_embeddings, embedding_dim), rng, std=1.0)
+        weight = np.array(weight, dtype=np.float32 if np.asarray(weight).dtype.kind != "f"
+                          else np.asarray(weight).dtype)
+        if weight.shape != (num_embeddings, embedding_dim):
+            raise ArgumentError(f"EmbeddingBag: weight must have shape ({num_embeddings}, "
+                                f"{embedding_dim}), got {weight.shape}")
+        self.weight = Parameter(weight)
+
+    def forward(self, ids, offsets=None):
+        ids = ids if isinstance(ids, Tensor) else Tensor._wrap(np.asarray(ids))
+        if offsets is None:
+            if ids.ndim != 2:
+                raise RankError(f"EmbeddingBag: without offsets ids must be 2-D (bags, "
+                                f"length), got shape {tuple(ids.shape)}")
+            bags, length = ids.shape
+            offsets = np.arange(bags, dtype=np.int64) * length
+            ids = ops.reshape(ids, (bags * length,))
+        elif ids.ndim != 1:
+            raise RankError(f"EmbeddingBag: with offsets ids must be 1-D, got shape "
+                            f"{tuple(ids.shape)}")
+        return embedding_bag(self.weight, ids, offsets, self.mode, self.sparse)
+
+
+__all__ = ["Embedding", "EmbeddingBag"]
