@@ -2,13 +2,19 @@
 
     python benchmarks/deploy_compress.py [--quick] [--targets native haswell]
 
+The sections of ``benchmarks/deploy.py`` that go beyond its summary table; the data, the
+chapter's models and the per-target kernel runs come from there. ``deploy.py --all`` runs these
+sections too.
+
 1. int8 vs float32 GEMM: the Numba dot-product kernel in int8 (int32 accumulator) and in float32
    (the same loops), the int8 kernel with its requantisation epilogue, and numpy's float32 BLAS,
-   on one core; each rate as a share of the core's float32 peak (single-thread BLAS at n = 1024)
-   and the instructions LLVM chose for the int8 loop. ``--targets haswell`` re-runs this section
-   with Numba limited to AVX2 (``NUMBA_CPU_NAME=haswell``): the code a Zen 3 gets, no VNNI.
+   on one core; each rate as a share of the core's float32 peak (the best single-thread BLAS rate
+   seen, n = 1024 or the shapes measured) and the instructions LLVM chose for the int8 loop.
+   ``--targets haswell`` re-runs this section with Numba limited to AVX2
+   (``NUMBA_CPU_NAME=haswell``): the code a Zen 3 gets, no VNNI.
    Target: int8 >= 1.5x the float32 kernel.
-2. BN folding: a conv-BN-ReLU CNN compiled unfolded vs folded (interleaved timing, max error).
+2. BN folding: the chapter's conv-BN-ReLU CNN compiled unfolded vs folded (interleaved timing,
+   max error).
 3. Size: bytes of the float32 and int8 weights (int8 = 1/4) and of the whole int8 graph.
 4. Accuracy on scikit-learn's digits: float32, int8 PTQ (min-max, percentile, KL), 4/3/2-bit
    weight PTQ with and without bias correction, 4- and 2-bit QAT; latency of the int8 graph vs
@@ -25,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 from collections import Counter
 
@@ -35,7 +40,6 @@ from threadpoolctl import threadpool_limits
 
 import mlsys_lab as ml
 from mlsys_lab import nn, timing
-from mlsys_lab.data.datasets import load_digits
 from mlsys_lab.deploy import distill as D
 from mlsys_lab.deploy import int8_kernels as K
 from mlsys_lab.deploy import obfuscate as O
@@ -44,10 +48,11 @@ from mlsys_lab.deploy import prune as PR
 from mlsys_lab.deploy import quantize as Q
 from mlsys_lab.kernels import roofline
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from deploy import TARGET_ENV, cnn, digits, mlp, run_kernel_targets  # noqa: E402 - shared
+
 PAUSE = 0.05
 TARGET_INT8 = 1.5
-TARGET_ENV = {"native": {}, "haswell": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "",
-                                        "OPENBLAS_CORETYPE": "Haswell"}}
 
 
 # --- 1. kernels ---------------------------------------------------------------------------------
@@ -64,8 +69,6 @@ def kernel_section(shapes, rounds):
     rng = np.random.default_rng(0)
     with threadpool_limits(1):
         peak = roofline.measure_peak_flops(seconds=0.5, n=1024) / 2  # MAC/s of one core
-        print(f"one core; float32 peak (single-thread BLAS, n=1024): {peak / 1e9:.1f} GMAC/s; "
-              f"Numba target {numba.config.CPU_NAME or 'host'}; int8 loop: ", end="")
         rows = []
         for m, k, n in shapes:
             a8 = rng.integers(0, 256, (m, k)).astype(np.uint8)
@@ -84,7 +87,11 @@ def kernel_section(shapes, rounds):
             assert np.array_equal(K.int8_matmul(a8, b8), exact)
             times = timing.compare(fns, rounds=rounds, pause=PAUSE)
             rows.append(((m, k, n), times))
-        print(loop_instructions())
+            peak = max(peak, m * k * n / times["numpy f32 BLAS"])
+    print(f"one core ({os.getloadavg()[0]:.1f} load average on {os.cpu_count()} CPUs); float32 "
+          f"peak = the best single-thread BLAS rate seen (n=1024 or below): {peak / 1e9:.1f} "
+          f"GMAC/s; Numba target {numba.config.CPU_NAME or 'host'}; int8 loop: "
+          f"{loop_instructions()}")
     print(f"{'M x K x N':<18}{'kernel':<18}{'ms':>9}{'GMAC/s':>9}{'% f32 peak':>11}"
           f"{'vs f32 Numba':>13}{'vs BLAS':>9}")
     ratios = []
@@ -102,46 +109,15 @@ def kernel_section(shapes, rounds):
           f"(target >= {TARGET_INT8}x: {verdict} on every shape)")
 
 
-def run_kernel_targets(targets, quick):
-    for target in targets:
-        print(f"\n== 1. int8 vs float32 GEMM kernel, same loops and shapes [{target}] ==")
-        env = {k: v for k, v in os.environ.items() if k not in TARGET_ENV["haswell"]}
-        env.update(TARGET_ENV[target])
-        args = [sys.executable, __file__, "--kernels-only"] + (["--quick"] if quick else [])
-        sys.stdout.flush()
-        subprocess.run(args, env=env, check=True)
-
-
-# --- data and models ------------------------------------------------------------------------------
-def digits(flat=True):
-    x, y = load_digits(flat)
-    order = np.random.default_rng(0).permutation(len(x))
-    x, y = x[order], y[order]
-    if not flat:
-        x = x[:, None]
-    return x[:1400], y[:1400], x[1400:1797], y[1400:1797]
-
-
-def mlp(seed=0, hidden=64):
-    return nn.Sequential(nn.Linear(64, hidden, rng=seed), nn.ReLU(),
-                         nn.Linear(hidden, hidden, rng=seed + 1), nn.ReLU(),
-                         nn.Linear(hidden, 10, rng=seed + 2))
-
-
-def cnn(seed=0):
-    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1, rng=seed), nn.BatchNorm2d(16), nn.ReLU(),
-                         nn.Conv2d(16, 16, 3, padding=1, rng=seed + 1), nn.BatchNorm2d(16),
-                         nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(16 * 16, 10, rng=seed + 2))
-
-
+# --- data and models: digits, mlp, cnn from deploy.py ---------------------------------------
 def accuracy_of(run, x, y, batch):
     return float(np.mean(P.run_batched(run, x, batch).argmax(1) == y))
 
 
 # --- 2. BN folding ------------------------------------------------------------------------------
-def bn_section(model, x, rounds):
-    print("\n== 2. BN folding: conv-BN-ReLU CNN, batch 32, compiled (default pipeline) ==")
+def bn_section(model, x, rounds, title="== 2. BN folding: the chapter CNN, batch 32, compiled "
+                                       "(default pipeline) =="):
+    print("\n" + title)
     model.eval()
     graph = ml.trace(model, x)
     folded = P.fold_batch_norm(graph)
@@ -318,33 +294,39 @@ def obfuscation_section(model, xte):
           f"{bool(np.all(got.argmax(1) == want.argmax(1)))}")
 
 
+def kernel_shapes(quick):
+    return [(128, 512, 512), (64, 1024, 1024)] if quick else \
+        [(256, 512, 512), (128, 1024, 1024), (64, 2048, 1024)]
+
+
+def compression_sections(quick, rounds):
+    """Sections 3-6 (size, accuracy, pruning, CSR, distillation, obfuscation) on one core."""
+    numba.set_num_threads(1)
+    epochs = 6 if quick else 15
+    with threadpool_limits(1):
+        model, data = quant_section(epochs, rounds)
+        prune_section(model, data, epochs)
+    csr_section(256, 1024, 256, rounds)
+    with threadpool_limits(1):
+        distill_section(data, epochs, 2 if quick else 3)
+        obfuscation_section(model, data[2])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller shapes, fewer rounds")
     parser.add_argument("--targets", nargs="+", default=["native", "haswell"],
                         choices=sorted(TARGET_ENV))
-    parser.add_argument("--kernels-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rounds = 3 if args.quick else 7
-    shapes = [(128, 512, 512), (64, 1024, 1024)] if args.quick else \
-        [(256, 512, 512), (128, 1024, 1024), (64, 2048, 1024)]
-    if args.kernels_only:
-        kernel_section(shapes, rounds)
-        return
     run_kernel_targets(args.targets, args.quick)
     numba.set_num_threads(1)
-    epochs = 6 if args.quick else 15
     with threadpool_limits(1):
         x_img = digits(flat=False)
         c = cnn()
         D.train(c, ml.optim.Adam(c.parameters(), lr=1e-2), x_img[0], x_img[1], epochs=1)
         bn_section(c, x_img[2][:32], rounds)
-        model, data = quant_section(epochs, rounds)
-        prune_section(model, data, epochs)
-    csr_section(256, 1024, 256, rounds)
-    with threadpool_limits(1):
-        distill_section(data, epochs, 2 if args.quick else 3)
-        obfuscation_section(model, data[2])
+    compression_sections(args.quick, rounds)
 
 
 if __name__ == "__main__":

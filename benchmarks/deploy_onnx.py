@@ -56,25 +56,35 @@ def models():
     return {"MLP 784-256-256-10": (mlp, (784,)), "CNN resnet_cnn 1x8x8": (cnn, (1, 8, 8))}
 
 
+def onnx_vs_compiled(name, model, x, rounds, threads):
+    """Export ``model`` at ``x``'s batch size, run the file in onnxruntime and (imported)
+    compiled by mlsys_lab, check both against the eager output and print one timing row."""
+    exported = export_onnx(model, (x,))
+    sess = session(exported, threads)
+    feed = {sess.get_inputs()[0].name: x}
+    compiled = ml.compile(import_onnx(exported), x)
+    want = model(ml.tensor(x)).numpy()
+    err = max(float(np.abs(sess.run(None, feed)[0] - want).max()),
+              float(np.abs(np.asarray(compiled(x)) - want).max()))
+    result = timing.compare({"onnxruntime": lambda: sess.run(None, feed),
+                             "ml compiled": lambda: compiled(x)},
+                            rounds=rounds, block=5, warmup=3)
+    print(f"{name:<26} {len(x):>5} {result['onnxruntime'] * 1e3:>10.3f}ms "
+          f"{result['ml compiled'] * 1e3:>10.3f}ms {result.ratio('ml compiled'):>5.2f}x "
+          f"{err:>9.2e}")
+    return result
+
+
+MODELS_HEADER = (f"{'model':<26} {'batch':>5} {'onnxruntime':>12} {'ml compiled':>12} "
+                 f"{'ratio':>6} {'max err':>9}")
+
+
 def bench_models(args):
-    print(f"{'model':<22} {'batch':>5} {'onnxruntime':>12} {'ml compiled':>12} {'ratio':>6} "
-          f"{'max err':>9}")
+    print(MODELS_HEADER)
     for name, (model, shape) in models().items():
         for batch in (1, 32):
             x = np.random.default_rng(batch).standard_normal((batch,) + shape).astype(np.float32)
-            exported = export_onnx(model, (x,))
-            sess = session(exported, args.threads)
-            feed = {sess.get_inputs()[0].name: x}
-            compiled = ml.compile(import_onnx(exported), x)
-            want = model(ml.tensor(x)).numpy()
-            err = max(float(np.abs(sess.run(None, feed)[0] - want).max()),
-                      float(np.abs(np.asarray(compiled(x)) - want).max()))
-            result = timing.compare({"onnxruntime": lambda: sess.run(None, feed),
-                                     "ml compiled": lambda: compiled(x)},
-                                    rounds=args.rounds, block=5, warmup=3)
-            print(f"{name:<22} {batch:>5} {result['onnxruntime'] * 1e3:>10.3f}ms "
-                  f"{result['ml compiled'] * 1e3:>10.3f}ms {result.ratio('ml compiled'):>5.2f}x "
-                  f"{err:>9.2e}")
+            onnx_vs_compiled(name, model, x, args.rounds, args.threads)
 
 
 def randomized(model, seed=0):

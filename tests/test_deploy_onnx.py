@@ -374,8 +374,17 @@ NOT_EXACT = {
 }
 
 
+#: Ops that export but do not import, with the reason; tests/test_deploy_qdq.py checks their
+#: export against onnxruntime instead.
+EXPORT_ONLY = {
+    "quantize_linear": "int8 is no Tensor dtype of mlsys_lab, so an int8 initializer cannot be "
+                       "read back",
+    "dequantize_linear": "the same: its input is the int8 tensor",
+}
+
+
 def test_every_exportable_op_has_a_round_trip_case():
-    missing = set(exportable_ops()) - set(CASES) - {"copy"}
+    missing = set(exportable_ops()) - set(CASES) - {"copy"} - set(EXPORT_ONLY)
     assert not missing, f"exportable ops without a round-trip case: {sorted(missing)}"
 
 

@@ -220,7 +220,7 @@ def test_the_attempted_set_is_derived_from_the_registry(cases):
 
 def test_a_wrong_importer_fails_its_node_tests(cases, monkeypatch):
     """The harness can fail: an importer of Relu that emits abs is caught by test_relu."""
-    from mlsys_lab.deploy.onnx_ops import OnnxImport, OnnxMapping, _im_op
+    from mlsys_lab.deploy.onnx_mapping import OnnxImport, OnnxMapping, _im_op
     from mlsys_lab.engine.registry import get
 
     relu = get("relu")

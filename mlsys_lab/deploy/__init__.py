@@ -6,7 +6,8 @@ pruning (:mod:`.prune`), distillation (:mod:`.distill`) and a weight-obfuscation
 (:mod:`.obfuscate`).
 
 Interchange: :func:`export_onnx` / :func:`import_onnx` (each op's ONNX mapping lives on its
-registry record, ``Op.onnx``, set in :mod:`.onnx_ops`), and :func:`save_graph` /
+registry record, ``Op.onnx``, set in :mod:`.onnx_ops`; a QDQ graph from :mod:`.quantize`
+exports as ONNX QuantizeLinear / DequantizeLinear, :mod:`.onnx_qdq`), and :func:`save_graph` /
 :func:`load_graph` for any Graph without pickle. The ``onnx`` package (dev extra) is needed
 only by the ONNX functions.
 """
@@ -23,7 +24,15 @@ __all__ = [
 ]
 
 # --- inference passes, quantisation, pruning, distillation ---------------------------------------
-from . import distill, int8_kernels, obfuscate, passes, prune, quantize  # noqa: E402
+from . import (  # noqa: E402, F401 - onnx_qdq: the QuantizeLinear / DequantizeLinear export
+    distill,
+    int8_kernels,
+    obfuscate,
+    onnx_qdq,
+    passes,
+    prune,
+    quantize,
+)
 from .distill import distillation_loss  # noqa: E402
 from .int8_kernels import lower_qdq  # noqa: E402
 from .obfuscate import obfuscate as obfuscate_model  # noqa: E402

@@ -29,7 +29,9 @@ same loops in float32) so that a benchmark compares the data types and nothing e
 kernel widens each row of A to int16 once (it is read N times); the weights stream in as bytes,
 a quarter of float32's traffic. On x86, LLVM turns the int16 x int8 dot product into
 ``vpmaddwd`` (16-bit multiplies summed pairwise into 32-bit lanes, twice the lanes of a float32
-FMA) or, with VNNI, ``vpdpwssd`` (the multiply and the accumulate in one instruction).
+FMA) or, with VNNI, ``vpdpwssd`` (the multiply and the accumulate in one instruction); for an
+AVX2-only target, where LLVM would pick the 128-bit form, :mod:`.int8_simd` supplies the
+256-bit one (``row_dot``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ..engine.ops_nn import conv_out_size
 from ..engine.passes.rewrite import Rewriter, graph_pass
 from ..engine.registry import REGISTRY, AVal, defop, get, register_impl
 from ..errors import DTypeError, ShapeError
+from .int8_simd import row_dot
 from .passes import sole_user
 from .quantize import QUANT_DTYPES, along
 
@@ -77,10 +80,7 @@ def _int8_dot(a, bt, out):
         for p in range(k):
             row[p] = a[i, p]
         for j in range(n):
-            acc = np.int32(0)
-            for p in range(k):
-                acc += np.int32(row[p]) * np.int32(bt[j, p])
-            out[i, j] = acc
+            out[i, j] = row_dot(row, bt, j)   # Σ_p row[p] * bt[j, p] in int32
 
 
 @numba.njit(parallel=True, cache=False)
@@ -100,10 +100,7 @@ def _qgemm(a, bt, const, w_zp, mult, y_zp, lo, hi, out):
             a_sum += row[p]
         accs = np.empty(n, np.int32)
         for j in range(n):
-            acc = np.int32(0)
-            for p in range(k):
-                acc += np.int32(row[p]) * np.int32(bt[j, p])
-            accs[j] = acc
+            accs[j] = row_dot(row, bt, j)
         for j in range(n):
             total = np.int64(accs[j]) + const[j] - w_zp[j] * a_sum
             v = np.rint(np.float64(total) * mult[j]) + y_zp

@@ -229,6 +229,11 @@ class Graph:
             except MLSysError as e:
                 raise GraphError(f"{self.name}: node {_node_label(n)} is ill-typed: {e}"
                                  f"{_at(n)}") from None
+            except (TypeError, ValueError, AttributeError, IndexError, KeyError) as e:
+                # garbage attrs (a wrong name, a string where a tuple goes) crash the rule
+                raise GraphError(f"{self.name}: node {_node_label(n)} has attributes its op "
+                                 f"{n.op!r} does not accept ({sorted(n.attrs)}): "
+                                 f"{type(e).__name__}: {e}{_at(n)}") from None
             out = n.outputs[0]
             if tuple(aval.shape) != out.shape or aval.dtype != out.dtype:
                 raise GraphError(f"{self.name}: node {_node_label(n)} declares "

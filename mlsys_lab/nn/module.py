@@ -42,8 +42,13 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() "
                                  f"before assigning {name!r}")
+        # A replacement of the same kind keeps its slot (a Sequential's order is its
+        # children's order); anything else leaves the old registry first.
         for d in (self._parameters, self._buffers, self._modules):
-            d.pop(name, None)
+            keep = ((d is self._parameters and isinstance(value, Parameter))
+                    or (d is self._modules and isinstance(value, Module)))
+            if not keep:
+                d.pop(name, None)
         if isinstance(value, Parameter):
             self._parameters[name] = value
         elif isinstance(value, Module):
