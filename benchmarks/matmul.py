@@ -23,7 +23,9 @@ programs' load disturbs far less than a two-thread one.
 The thread-pool section measures how long each pool's idle workers spin after a call (OpenBLAS's
 for ~0.1 s: 2^28 cycles), then times a Numba kernel started right after a numpy product and the
 reverse, and numpy and Numba back to back with numpy's BLAS at its threads and at one thread
-(``threadpoolctl``): one BLAS thread wakes no workers, so none spin.
+(``threadpoolctl``): one BLAS thread wakes no workers, so none spin. Last, the compiled
+executor on a graph that alternates the two pools, with ``threads=None`` against its default
+``threads="coordinate"`` (BLAS at one thread while such a graph runs).
 Timings on a shared machine are noisy: compare ratios measured in the same run.
 """
 
@@ -224,6 +226,53 @@ def print_interference(n, spin, samples):
     print(f"  back to back, default / BLAS at 1 thread:     {ratio(names[5], names[6])}")
 
 
+def executor_interference(n, trials):
+    """The compiled executor on a ``cpu-numba`` graph that alternates BLAS and Numba's parallel
+    packed kernel (a batched product, which the packed rung refuses, then a plain one, three
+    times): seconds per call, per trial, with ``threads=None`` (the pools as set: BLAS workers
+    spin into the Numba kernels) and ``threads="coordinate"`` (BLAS held at one thread while
+    the graph runs, the executor's default for such graphs)."""
+    import mlsys_lab as ml
+    from mlsys_lab import ops
+
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((1, n, n)).astype(np.float32)
+    b, c = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+
+    def f(a, b, c):
+        h = ops.reshape(ops.matmul(a, b), (1, n, n))  # rank 3: BLAS (numpy.matmul)
+        for _ in range(3):
+            h = ops.reshape(ops.matmul(ops.reshape(h, (n, n)), c) * 0.01, (1, n, n))  # Numba
+            h = ops.matmul(h, b) * 0.01  # BLAS
+        return h
+
+    runs = {}
+    for setting in (None, "coordinate"):
+        exe = ml.compile(f, a, b, c, device="cpu-numba", threads=setting)
+        exe(a, b, c, profile=False)
+        runs[setting] = exe
+    names = {None: "threads=None (pools as set)", "coordinate": "threads='coordinate'"}
+    kernels = sorted({n_.meta["kernel_name"] for n_ in runs[None].graph.nodes})
+    samples = {names[k]: [] for k in runs}
+    for _ in range(trials):
+        for key, exe in runs.items():
+            time.sleep(PAUSE)
+            samples[names[key]].append(_timed(lambda: exe(a, b, c, profile=False)))
+    return kernels, runs["coordinate"].thread_limits, samples
+
+
+def print_executor(n, kernels, limits, samples):
+    print(f"\nCompiled executor, cpu-numba graph of BLAS and Numba products, n = {n}: kernels "
+          f"{', '.join(kernels)}; 'coordinate' limits {limits}")
+    print(f"  {'setting':<42}{'median ms':>10}{'best ms':>9}")
+    for name, ts in samples.items():
+        print(f"  {name:<42}{statistics.median(ts) * 1e3:>10.3f}{min(ts) * 1e3:>9.3f}")
+    (slow, fast) = list(samples.values())
+    print(f"  pools as set / coordinated:                   "
+          f"{statistics.median(slow) / statistics.median(fast):.2f}x median, "
+          f"{min(slow) / min(fast):.2f}x best")
+
+
 # ------------------------------------------------------------------------------------------------
 # Targets in their own processes
 # ------------------------------------------------------------------------------------------------
@@ -300,6 +349,8 @@ def main(argv=None):
         print_ladder(results, peak)
     if args.interference:
         print_interference(args.interference, *interference(args.interference, args.trials))
+        print_executor(args.interference,
+                       *executor_interference(args.interference, max(3, args.trials // 2)))
     if args.json:
         from threadpoolctl import threadpool_info
 

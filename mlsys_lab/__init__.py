@@ -23,6 +23,7 @@ from .engine.dtypes import bool_, float16, float32, float64, int32, int64, uint8
 from .engine.graph import Graph  # noqa: E402
 from .engine.graph import set_svg_renderer as _set_svg_renderer  # noqa: E402
 from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402
+from .engine.threads import limit_threads, num_threads, set_num_threads  # noqa: E402
 from .engine.trace import trace  # noqa: E402
 from .errors import (  # noqa: E402
     ArgumentError,
@@ -50,7 +51,8 @@ __all__ = [
     "ShapeError", "TapeError", "Tensor", "TraceError", "UnknownNameError", "bool_", "compile",
     "compile_train_step", "custom_op",
     "enable_grad", "float16", "float32", "float64", "grad", "grad_graph", "gradients", "hvp",
-    "int32", "int64", "is_grad_enabled", "jvp", "no_grad", "ones", "ops", "randn",
+    "int32", "int64", "is_grad_enabled", "jvp", "limit_threads", "no_grad", "num_threads", "ones",
+    "ops", "randn", "set_num_threads",
     "tape_to_graph", "tensor", "trace", "uint8", "value_and_grad", "vjp", "zeros",
 ]
 

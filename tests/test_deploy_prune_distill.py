@@ -116,6 +116,26 @@ def test_pruning_dead_channels_of_a_cnn_leaves_the_outputs_unchanged():
     assert pruned(ml.tensor(x)).shape == (2, 2, 5, 5)
 
 
+def test_pruning_keeps_a_dilated_conv_dilated_and_refuses_grouped_convs():
+    """A dilated conv whose dead filters are removed computes the same outputs (a rebuilt layer
+    that forgot its dilation would change every output); grouped convs are refused."""
+    rng = np.random.default_rng(5)
+    conv = nn.Conv2d(2, 4, 3, padding=2, dilation=2, rng=0)
+    w, b = conv.weight.numpy().copy(), rng.uniform(0.1, 0.5, 4).astype(np.float32)
+    w[2], b[2] = 0.0, -1.0
+    conv.weight, conv.bias = Parameter(w), Parameter(b)
+    model = nn.Sequential(conv, nn.ReLU(), nn.Conv2d(4, 3, 3, padding=1, rng=1))
+    x = rng.standard_normal((2, 2, 7, 7)).astype(np.float32)
+    small = PR.prune_channels(model, 0, keep=3)
+    assert small[0].dilation == conv.dilation and small[2].in_channels == 3
+    np.testing.assert_allclose(small(ml.tensor(x)).numpy(), model(ml.tensor(x)).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    grouped = nn.Sequential(nn.Conv2d(4, 4, 3, groups=2, rng=2), nn.ReLU(),
+                            nn.Conv2d(4, 2, 3, rng=3))
+    with pytest.raises(ArgumentError, match="grouped"):
+        PR.prune_channels(grouped, 0, keep=2)
+
+
 # --- the CSR kernel ------------------------------------------------------------------------------
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(1, 12), k=st.integers(1, 12), n=st.integers(1, 9),

@@ -173,3 +173,49 @@ def test_checkpoint_keeps_ints_past_int64_and_generator_states(tmp_path):
     assert [ml.ops.rng_seed() for _ in range(3)] == expected
     with pytest.raises(ml.ArgumentError, match="PCG64"):
         ml.ops.set_rng_state({"bit_generator": "MT19937"})
+
+
+# --- Conv2d with dilation and groups ----------------------------------------------------------
+@pytest.mark.parametrize("c_in, c_out, k, stride, padding, dilation, groups", [
+    (4, 6, 3, 1, 2, 2, 2),          # dilated, two groups
+    (3, 3, 3, 1, 1, 1, 3),          # depthwise
+    (6, 4, (3, 2), 2, (1, 0), (2, 1), 2),  # rectangular kernel, strided, mixed dilation
+])
+def test_conv2d_layer_dilation_and_groups_match_the_reference(c_in, c_out, k, stride, padding,
+                                                              dilation, groups):
+    """The layer's forward pass and both gradients against the brute-force float64 window
+    loops of tests/conformance.py (an oracle independent of the library's img2col)."""
+    from .conformance import conv2d_grad_input_ref, conv2d_grad_weight_ref, conv2d_ref
+
+    layer = nn.Conv2d(c_in, c_out, k, stride=stride, padding=padding, dilation=dilation,
+                      groups=groups, rng=3)
+    kk = (k, k) if np.isscalar(k) else k
+    assert layer.weight.shape == (c_out, c_in // groups) + kk
+    layer.bias.data = np.random.default_rng(1).standard_normal(c_out).astype(np.float32)
+    rng = np.random.default_rng(2)
+    x = ml.tensor(rng.standard_normal((2, c_in, 9, 8)).astype(np.float32), requires_grad=True)
+    y = layer(x)
+    pair = (lambda v: (v, v) if np.isscalar(v) else tuple(v))
+    attrs = dict(stride=pair(stride), padding=pair(padding), dilation=pair(dilation),
+                 groups=groups)
+    want = conv2d_ref(x.numpy(), layer.weight.numpy(), **attrs) \
+        + layer.bias.numpy()[None, :, None, None]
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    (y * ml.tensor(g)).sum().backward()
+    np.testing.assert_allclose(
+        layer.weight.grad.numpy(),
+        conv2d_grad_weight_ref(x.numpy(), g, layer.weight.shape, **attrs), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        x.grad.numpy(), conv2d_grad_input_ref(g, layer.weight.numpy(), x.shape, **attrs),
+        rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(layer.bias.grad.numpy(), g.sum(axis=(0, 2, 3)), rtol=1e-4)
+    r = repr(layer)
+    assert ("groups=" in r) == (groups != 1) and ("dilation=" in r) == (dilation != 1)
+
+
+def test_conv2d_layer_refuses_channels_that_do_not_split_into_groups():
+    with pytest.raises(ml.ShapeError, match="divisible by groups"):
+        nn.Conv2d(4, 6, 3, groups=4)
+    with pytest.raises(ml.ShapeError, match="groups"):
+        nn.Conv2d(4, 4, 3, groups=0)

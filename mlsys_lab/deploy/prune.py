@@ -133,8 +133,11 @@ def _sliced_conv(conv, out_idx=None, in_idx=None):
     w = conv.weight.numpy()
     w = w if out_idx is None else w[out_idx]
     w = w if in_idx is None else w[:, in_idx]
+    if conv.groups != 1:  # slicing channels of a grouped conv would break its groups
+        raise ArgumentError(f"prune_channels: grouped convolutions (groups={conv.groups}) are "
+                            "not supported")
     new = Conv2d(w.shape[1], w.shape[0], conv.kernel_size, conv.stride, conv.padding,
-                 bias=conv.bias is not None)
+                 bias=conv.bias is not None, dilation=conv.dilation)
     new.weight = Parameter(np.ascontiguousarray(w))
     if conv.bias is not None:
         b = conv.bias.numpy()

@@ -27,15 +27,17 @@ def _topo_from(roots):
             continue
         seen.add(id(root))
         stack = [(root, iter(root._ctx[1]))]
+        push, pop, add = stack.append, stack.pop, seen.add
         while stack:
             t, it = stack[-1]
-            child = next(it, None)
-            if child is None:
-                stack.pop()
+            for child in it:  # the first unvisited input with a ctx goes on the stack
+                if child._ctx is not None and id(child) not in seen:
+                    add(id(child))
+                    push((child, iter(child._ctx[1])))
+                    break
+            else:
+                pop()
                 order.append(t)
-            elif child._ctx is not None and id(child) not in seen:
-                seen.add(id(child))
-                stack.append((child, iter(child._ctx[1])))
     order.reverse()
     return order
 
@@ -78,8 +80,8 @@ def _backprop(outputs, cotangents, targets, retain_graph, create_graph, order=No
                     "values were freed by the first backward); call backward(retain_graph=True) "
                     "the first time if you need to backward twice")
             op, inputs, attrs = t._ctx
-            needs = tuple(x.requires_grad and (useful is None or id(x) in useful)
-                          for x in inputs)
+            needs = (tuple([x.requires_grad for x in inputs]) if useful is None else
+                     tuple([x.requires_grad and id(x) in useful for x in inputs]))
             gs = op.vjp(g, inputs, t, needs, **attrs)
             for x, gx, need in zip(inputs, gs, needs):
                 if gx is None or not need:

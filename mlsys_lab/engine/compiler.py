@@ -7,6 +7,7 @@ broadcast_to) produce numpy views of their input instead of copies, and keep tha
 """
 
 import builtins
+import contextlib
 import functools
 import inspect
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..errors import ArgumentError, GraphError, MLSysError, OpError, OutOfMemoryError, ShapeError
 from . import memory
+from . import threads as thread_pools
 from .graph import check_input
 from .interpreter import error_cause, node_error
 from .pytree import flatten, unflatten
@@ -52,9 +54,11 @@ class Executable:
     """
 
     def __init__(self, f, *example_args, passes="default", device="cpu", fallback=("cpu",),
-                 strategy="best", inplace=True, static_argnums=(), name=None, donate=()):
+                 strategy="best", inplace=True, static_argnums=(), name=None, donate=(),
+                 threads="coordinate"):
         find_device(device)  # unknown names fail here, before tracing and the passes
         memory.check_strategy(strategy)
+        thread_setting = _check_threads(threads)
         self.source_graph = trace(f, *example_args, name=name, static_argnums=static_argnums)
         self.static_argnums = static_argnums
         self._static = static_positions(static_argnums, len(example_args))
@@ -79,6 +83,8 @@ class Executable:
         self.arena = self._allocate_arena()
         self._build()
         self.timeline = Timeline()
+        self.thread_limits = (pool_coordination(g) if thread_setting == "coordinate"
+                              else thread_setting)
 
     def _allocate_arena(self):
         size = max(self.plan.arena_size, 1)
@@ -262,20 +268,22 @@ class Executable:
             if not a.flags.writeable:
                 a = env[src] = a.copy()
             env[dst] = a
-        if profile:
-            interp = ArenaInterpreter(self)
-            interp.run_slots(env)
-            self.timeline = interp.timeline
-        else:
-            try:
-                self._run(env)
-            except Exception as e:
-                node = self._failed_node(e.__traceback__)
-                if node is not None:
-                    raise node_error(e, node) from error_cause(e)
-                if isinstance(e, MLSysError):
-                    raise
-                raise OpError(f"compiled run failed: {type(e).__name__}: {e}") from e
+        limits = self.thread_limits
+        with thread_pools.limit_threads(**limits) if limits else _NO_LIMIT:
+            if profile:
+                interp = ArenaInterpreter(self)
+                interp.run_slots(env)
+                self.timeline = interp.timeline
+            else:
+                try:
+                    self._run(env)
+                except Exception as e:
+                    node = self._failed_node(e.__traceback__)
+                    if node is not None:
+                        raise node_error(e, node) from error_cause(e)
+                    if isinstance(e, MLSysError):
+                        raise
+                    raise OpError(f"compiled run failed: {type(e).__name__}: {e}") from e
         results = []
         for slot, dst in zip(self._output_slots, out or [None] * len(self._output_slots)):
             val = env[slot]
@@ -327,6 +335,36 @@ class Executable:
                      f"lower bound {lb}, no reuse {naive}, in-place pairs "
                      f"{len(self.plan.inplace)}")
         return "\n".join(lines)
+
+
+_NO_LIMIT = contextlib.nullcontext()
+_BLAS_MARKS = ("matmul", "gemm", "cblas")  # kernel names that call numpy's BLAS
+
+
+def _check_threads(threads):
+    """The ``threads`` option: ``"coordinate"``, None, or a dict of ``blas``/``numba``
+    counts."""
+    if threads is None or threads == "coordinate":
+        return threads
+    if isinstance(threads, dict) and threads and set(threads) <= {"blas", "numba"}:
+        for pool, n in threads.items():
+            thread_pools.check_count(f"compile: threads[{pool!r}]", n)
+        return dict(threads)
+    raise ArgumentError(f"compile: threads must be 'coordinate', None or a dict with keys "
+                        f"'blas' and/or 'numba', got {threads!r}")
+
+
+def pool_coordination(graph):
+    """The thread limits a selected graph runs under with ``threads="coordinate"``:
+    ``{"blas": 1}`` when it runs Numba's parallel kernels (nodes on ``cpu-numba``) and
+    BLAS kernels (``cpu`` nodes whose kernel calls numpy's matmul or cblas) back to back,
+    else None (nothing to coordinate). With one BLAS thread no BLAS worker wakes, so none
+    spins while Numba's workers run (``benchmarks/matmul.py``, section "compiled executor",
+    measures the effect)."""
+    devices = {n.meta.get("device") for n in graph.nodes}
+    blas = any(n.meta.get("device") == "cpu" and n.meta.get("kernel") is not None
+               and any(m in n.meta["kernel"].name for m in _BLAS_MARKS) for n in graph.nodes)
+    return {"blas": 1} if "cpu-numba" in devices and blas else None
 
 
 class ArenaInterpreter(TimedInterpreter):
@@ -432,6 +470,9 @@ def compile(f, *example_args, **options):  # noqa: A001 - the public name is ml.
     "cuda", "npu"), ``fallback``, ``strategy`` (memory planner), ``inplace``,
     ``static_argnums`` (positions of Python values baked into the graph; each new value is
     traced and compiled again, as in ``jax.jit``), ``name``, ``donate`` ((input index, output
-    index) pairs whose output may be written into the caller's input array).
+    index) pairs whose output may be written into the caller's input array), ``threads``
+    (``"coordinate"``: a graph that runs Numba's parallel kernels and BLAS back to back holds
+    BLAS at one thread while it runs, see :func:`pool_coordination`; None: the pools as they
+    are set; or ``{"blas": n, "numba": m}`` for every call, see :mod:`.threads`).
     """
     return Compiled(f, *example_args, **options)

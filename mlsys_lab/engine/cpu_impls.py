@@ -13,7 +13,9 @@ passes and temporaries. The fused ops' kernels (cblas GEMM, the bias + ReLU epil
 
 An elementwise kernel here must give what the op's own ``compute`` gives, bit for bit (signed
 zeros and NaN included), so only ops that are one numpy ufunc have one; the others (``sigmoid``)
-run their op's reference.
+run their op's reference. Those kernels say so (``exact=True``); eager mode runs
+``numba.relu_grad`` too (``eager=True``: one pass where ``np.where`` makes a mask and a copy),
+while the ufunc kernels would gain it nothing over ``compute``, the same ufunc.
 """
 
 import math
@@ -159,13 +161,13 @@ def _register():
                            ("sin", np.sin), ("cos", np.cos), ("abs", np.abs),
                            ("sign", np.sign), ("pow", np.power)):
         register_impl(op_name, "cpu", _ufunc_kernel(ufunc), name=f"numpy.{ufunc.__name__}(out=)",
-                      accepts=same_dtype)
+                      accepts=same_dtype, exact=True)
     register_impl("relu", "cpu", relu_out, name="numpy.maximum(out=)", accepts=same_dtype)
     register_impl("matmul", "cpu", matmul_out, name="numpy.matmul(out=)", accepts=same_dtype)
     register_impl("sum", "cpu", sum_out, name="numpy.sum(out=)", accepts=same_dtype)
     register_impl("cast", "cpu", copyto_out, name="numpy.copyto")
     register_impl("relu_grad", "cpu", relu_grad_out, name="numba.relu_grad",
-                  accepts=_relu_grad_accepts)
+                  accepts=_relu_grad_accepts, exact=True, eager=True)
     register_impl("cross_entropy", "cpu", cross_entropy_out, name="numba.cross_entropy",
                   accepts=_float_logits_int_targets)
     register_impl("cross_entropy_grad", "cpu", cross_entropy_grad_out,

@@ -2,7 +2,8 @@
 
 ``apply(op, *args, **attrs)`` is where the ways of running an op meet:
 
-* eager: run the numpy kernel now;
+* eager: run the op now: a ``cpu`` kernel flagged ``eager`` where one accepts the arrays,
+  else the op's numpy reference (:func:`run_kernel`);
 * tracing: if an input is a tracer, emit a node into the graph being built instead;
 * autodiff: if an input requires grad, remember ``(op, inputs, attrs)`` on the output (the tape),
   and if an input carries a tangent (forward mode), push the tangent through the op's JVP rule.
@@ -71,12 +72,16 @@ def is_grad_enabled():
 
 def apply(op, *args, **attrs):
     """Run ``op`` on ``args`` eagerly, or emit it into the active trace; tape and JVP as needed."""
+    # The eager path runs once per op call, so it is written for speed: one pass over the
+    # inputs finds a tracer (emit instead) and an input that requires grad (record the tape).
     ts = _lift(args, op.name)
-    builder = None
+    builder, taped = None, False
     for t in ts:
         if t.data is None:
             builder = t._builder
             break
+        if t.requires_grad:
+            taped = True
     if builder is None and op.impure and MODE.builders:  # fresh randomness: record, don't run
         builder = MODE.builders[-1]
     if builder is None:
@@ -85,21 +90,29 @@ def apply(op, *args, **attrs):
             _account(out)
     else:
         out = builder.emit(op, ts, attrs)
-    if MODE.grad_enabled and op.vjp is not None:
-        for t in ts:
-            if t.requires_grad:
-                out.requires_grad = True
-                out._ctx = (op, ts, attrs)
-                break
+        taped = any(t.requires_grad for t in ts)
+    if taped and MODE.grad_enabled and op.vjp is not None:
+        out.requires_grad = True
+        out._ctx = (op, ts, attrs)
     if MODE.forward_depth and not MODE.forward_suspended:
         _push_tangent(op, ts, out, attrs)
     return out
 
 
 def run_kernel(op, arrays, attrs):
-    """Check shapes/dtypes with ``op.infer``, run ``op.compute``, return an array of that type."""
+    """Check shapes/dtypes with ``op.infer``, run the op, return an array of that type.
+
+    The op runs as the first of its ``eager_impls`` (``cpu`` kernels flagged ``eager``: exact,
+    or differing from ``compute`` only in summation order; see
+    :class:`~.registry.Kernel`) that accepts the arrays, writing a fresh array; else as its
+    numpy reference ``compute``."""
     aval = op.infer(*arrays, **attrs)  # rules read only .shape and .dtype, which arrays have
     try:
+        for kernel in op.eager_impls:
+            if kernel.accepts(arrays, aval, attrs) is None:
+                res = np.empty(aval.shape, aval.dtype)
+                kernel.out_fn(res, *arrays, **attrs)
+                return res
         res = op.compute(*arrays, **attrs)
     except MLSysError:
         raise

@@ -41,11 +41,26 @@ class Kernel:
             buffer the memory plan gave the node).
         accepts: ``accepts(avals, out_aval, attrs) -> None`` when the kernel can run the node,
             else a short reason (``"dtype float16"``), shown by ``explain()``.
+        exact: the kernel gives what the op's ``compute`` gives, bit for bit (signed zeros and
+            NaN included), on every input it accepts. ``tests/test_eager_kernels.py`` holds
+            each kernel that claims it to that on random inputs.
+        eager: eager dispatch (``ml.ops`` on Tensors, the tape, the graph interpreter) runs
+            this kernel in place of ``compute`` wherever it accepts the arrays. The rule:
+            only an ``exact`` kernel, or one that differs from ``compute`` in nothing but the
+            order of its floating-point sums (convolution as one GEMM over the whole batch,
+            a pooling gradient whose windows overlap) may set it; such a kernel agrees with
+            ``compute`` to the summing ops' conformance tolerance (``rtol`` scaled by the
+            dtype's epsilon, ``tests/conformance.py``), and ``tests/test_eager_kernels.py``
+            holds it to that. A kernel that changes the algorithm (Winograd) or rounds
+            differently (generated fused loops, within 1 ulp) never sets it: selection may
+            choose it for compiled graphs only.
     """
 
     name: str
     out_fn: Callable
     accepts: Callable = lambda avals, out, attrs: None
+    exact: bool = False
+    eager: bool = False
 
 
 @dataclass
@@ -79,6 +94,9 @@ class Op:
             cannot carry).
         impls: the kernels operator selection may choose, by device name: a list of
             :class:`Kernel`, most preferred first.
+        eager_impls: the ``cpu`` kernels flagged ``eager`` (see :class:`Kernel`), in the
+            order of ``impls["cpu"]``; kept up to date by :func:`register_impl`. Eager dispatch
+            runs the first that accepts the arrays, else ``compute``.
         onnx: the op's ONNX mapping (how a node of it exports, which ONNX op types import to
             it), set by ``mlsys_lab.deploy.onnx_ops.register_onnx``; None: no mapping. The
             engine never reads it (the deploy layer does).
@@ -97,6 +115,7 @@ class Op:
     unfusable_reason: str | None = None
     impls: dict = field(default_factory=dict)
     onnx: object = None
+    eager_impls: tuple = ()
 
     def __repr__(self):
         return f"Op({self.name})"
@@ -179,7 +198,8 @@ def get(name: str) -> Op:
 
 def register_impl(op_name: str, device: str, out_fn: Callable, *, name: str,
                   accepts: Callable | None = None, dtypes=(), max_inputs: int | None = None,
-                  max_ndim: int | None = None, returns: bool = False) -> Kernel:
+                  max_ndim: int | None = None, returns: bool = False, exact: bool = False,
+                  eager: bool = False) -> Kernel:
     """Register a kernel of ``op_name`` on ``device``, for operator selection to choose.
 
     The kernel joins the end of ``Op.impls[device]`` (those registered earlier are preferred),
@@ -199,6 +219,9 @@ def register_impl(op_name: str, device: str, out_fn: Callable, *, name: str,
         max_inputs: the most inputs it takes (``"100 inputs > limit 63"``).
         max_ndim: the highest rank of an input it takes (``"rank > 2"``).
         returns: see ``out_fn``.
+        exact: the kernel is bit-identical to the op's ``compute`` (see :class:`Kernel`).
+        eager: eager dispatch may run it in place of ``compute`` (see :class:`Kernel` for the
+            rule: exact, or differing only in summation order).
 
     Returns:
         The registered :class:`Kernel`.
@@ -220,11 +243,13 @@ def register_impl(op_name: str, device: str, out_fn: Callable, *, name: str,
         run.__wrapped__ = out_fn  # what it runs, for readers and the explain-matches-code test
     else:
         run = out_fn
-    kernel = Kernel(name, run, check)
-    impls = get(op_name).impls.setdefault(device, [])
+    kernel = Kernel(name, run, check, exact=bool(exact), eager=bool(eager))
+    op = get(op_name)
+    impls = op.impls.setdefault(device, [])
     same = [i for i, k in enumerate(impls) if k.name == name]
     if same:
         impls[same[0]] = kernel
     else:
         impls.append(kernel)
+    op.eager_impls = tuple(k for k in op.impls.get("cpu", ()) if k.eager)
     return kernel

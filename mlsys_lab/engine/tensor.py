@@ -65,10 +65,11 @@ class Tensor:
 
     @classmethod
     def _wrap(cls, array):
-        t = cls.__new__(cls)
-        t.data, t.requires_grad, t.grad, t.name = array, False, None, None
-        t._ctx = t._tangent = t._value = t._builder = None
-        t._freed = False
+        """A Tensor around ``array`` as is (no copy, no checks): how ops return results."""
+        t = _new(cls)
+        t.data = array
+        t.requires_grad = t._freed = False
+        t.grad = t.name = t._ctx = t._tangent = t._value = t._builder = None
         return t
 
     # --- what a tensor is -------------------------------------------------------------------
@@ -305,7 +306,10 @@ def as_tensor(x, like_dtype=None, op="tensor"):
 
 def lift(args, op="tensor"):
     """Turn op arguments into Tensors, giving Python scalars the dtype of their tensor peers."""
-    if all(isinstance(a, Tensor) for a in args):  # the common case, kept fast
+    for a in args:  # the common case, every argument a Tensor already, kept fast
+        if not isinstance(a, Tensor):
+            break
+    else:
         return args
     ref = None
     for a in args:
@@ -315,6 +319,9 @@ def lift(args, op="tensor"):
         ref = dtypes.float32 if any(isinstance(a, float) for a in args) else None
     return tuple(as_tensor(a, ref if ref is not None else dtypes.default_dtype_for(a), op)
                  for a in args)
+
+
+_new = object.__new__
 
 
 def zeros_like(x):

@@ -8,6 +8,11 @@ never imports them. Within an op, the kernels registered first are preferred, an
 * ``cpu``: convolution as BLAS GEMMs — Winograd F(2×2, 3×3) (:mod:`.winograd`) where it beats
   img2col, img2col otherwise (:mod:`.conv_gemm`), for ``conv2d``, ``fused_conv`` and both
   gradients — and pooling with its gradients as Numba loops (:mod:`.pooling`).
+
+Eager mode runs the kernels flagged ``eager`` (see :class:`~mlsys_lab.engine.registry.Kernel`):
+img2col convolution and its gradients (they differ from the reference only in the order of the
+GEMMs' sums) and max pooling with its VJP and JVP. Winograd changes the arithmetic and average
+pooling rounds differently, so they serve compiled graphs only.
 """
 
 from ..engine.passes.fusion import ops as _fused_ops  # noqa: F401  (registers fused_conv)
@@ -60,22 +65,27 @@ _FLOATS = conv_gemm.float_operands
 
 register_impl("conv2d", "cpu", winograd.conv2d_winograd_out, name=_WINOGRAD,
               accepts=_both(_FLOATS, winograd.winograd_accepts))
-register_impl("conv2d", "cpu", conv_gemm.conv2d_gemm_out, name=_IMG2COL, accepts=_FLOATS)
+register_impl("conv2d", "cpu", conv_gemm.conv2d_gemm_out, name=_IMG2COL, accepts=_FLOATS,
+              eager=True)
 register_impl("fused_conv", "cpu", winograd.fused_conv_winograd_out, name=_WINOGRAD,
               accepts=_both(conv_gemm.per_channel_bias, winograd.winograd_accepts))
 register_impl("fused_conv", "cpu", conv_gemm.fused_conv_gemm_out, name=_IMG2COL,
               accepts=conv_gemm.per_channel_bias)
 register_impl("conv2d_grad_weight", "cpu", conv_gemm.conv2d_grad_weight_gemm_out,
-              name="numba.img2col+numba.to_rows+numpy.matmul", accepts=_FLOATS)
+              name="numba.img2col+numba.to_rows+numpy.matmul", accepts=_FLOATS, eager=True)
 register_impl("conv2d_grad_input", "cpu", winograd.conv2d_grad_input_winograd_out,
               name=_WINOGRAD, accepts=_both(_FLOATS, winograd.winograd_grad_input_accepts))
 register_impl("conv2d_grad_input", "cpu", conv_gemm.conv2d_grad_input_gemm_out,
-              name="numba.to_rows+numpy.matmul+numba.col2img", accepts=_FLOATS)
+              name="numba.to_rows+numpy.matmul+numba.col2img", accepts=_FLOATS, eager=True)
 
-for _op, _kernel in (("max_pool2d", pooling.max_pool2d_out),
-                     ("max_pool2d_scatter", pooling.max_pool2d_scatter_out),
-                     ("max_pool2d_select", pooling.max_pool2d_select_out),
-                     ("avg_pool2d", pooling.avg_pool2d_out),
-                     ("avg_pool2d_grad", pooling.avg_pool2d_grad_out)):
+# Max pooling and its JVP pick values, so they are exact; its VJP sums a pixel's shares from
+# overlapping windows in window order where the reference sums them in tap order. Average
+# pooling accumulates in float64 and scales by 1/size: not eager.
+for _op, _kernel, _exact, _eager in (
+        ("max_pool2d", pooling.max_pool2d_out, True, True),
+        ("max_pool2d_scatter", pooling.max_pool2d_scatter_out, False, True),
+        ("max_pool2d_select", pooling.max_pool2d_select_out, True, True),
+        ("avg_pool2d", pooling.avg_pool2d_out, False, False),
+        ("avg_pool2d_grad", pooling.avg_pool2d_grad_out, False, False)):
     register_impl(_op, "cpu", _kernel, name=f"numba.{_op.replace('2d', '')}",
-                  accepts=_FLOATS)
+                  accepts=_FLOATS, exact=_exact, eager=_eager)

@@ -51,28 +51,42 @@ class Linear(Module):
 
 
 class Conv2d(Module):
-    """2-D convolution over NCHW input with an OIHW weight."""
+    """2-D convolution over NCHW input with an OIHW weight, as ``torch.nn.Conv2d``.
+
+    ``dilation`` spaces the kernel's taps (a 3x3 kernel with dilation 2 spans 5x5 pixels);
+    ``groups`` splits the channels into that many independent convolutions, the weight then
+    being (out_channels, in_channels / groups, kH, kW) — ``groups=in_channels`` is a depthwise
+    convolution. Both go straight to ``ml.ops.conv2d``.
+    """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True,
-                 rng=None):
+                 rng=None, dilation=1, groups=1):
         super().__init__()
         k = (kernel_size, kernel_size) if np.isscalar(kernel_size) else tuple(kernel_size)
         _check_sizes("Conv2d", in_channels=in_channels, out_channels=out_channels)
         if len(k) != 2:
             raise ShapeError(f"Conv2d: kernel_size must be an int or a pair, got {kernel_size!r}")
-        _check_sizes("Conv2d", positive=True, kernel_height=k[0], kernel_width=k[1])
+        _check_sizes("Conv2d", positive=True, kernel_height=k[0], kernel_width=k[1],
+                     groups=groups)
+        if in_channels % groups or out_channels % groups:
+            raise ShapeError(f"Conv2d: in_channels ({in_channels}) and out_channels "
+                             f"({out_channels}) must both be divisible by groups ({groups})")
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
         self.stride, self.padding = stride, padding
-        self.weight = Parameter(init.kaiming_uniform((out_channels, in_channels) + k, rng,
-                                                     gain=1.0))
+        self.dilation, self.groups = dilation, groups
+        fan_in_shape = (out_channels, in_channels // groups) + k
+        self.weight = Parameter(init.kaiming_uniform(fan_in_shape, rng, gain=1.0))
         self.bias = Parameter(init.zeros((out_channels,))) if bias else None
 
     def forward(self, x):
-        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding)
+        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding,
+                          dilation=self.dilation, groups=self.groups)
 
     def extra_repr(self):
+        extra = "" if self.dilation == 1 else f", dilation={self.dilation}"
+        extra += "" if self.groups == 1 else f", groups={self.groups}"
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}")
+                f"stride={self.stride}, padding={self.padding}{extra}")
 
 
 class BatchNorm2d(Module):

@@ -1,0 +1,87 @@
+"""Thread pools: ``set_num_threads`` / ``limit_threads`` set numpy's BLAS and Numba's threads, and
+the compiled executor holds BLAS at one thread while a graph that mixes the pools runs."""
+
+import numpy as np
+import pytest
+
+import mlsys_lab as ml
+from mlsys_lab import ops
+from mlsys_lab.engine import threads
+from mlsys_lab.engine.compiler import pool_coordination
+from mlsys_lab.engine.registry import REGISTRY, get
+
+
+@pytest.fixture
+def restore_threads():
+    before = threads.num_threads()
+    yield before
+    threads.set_num_threads(**before)
+
+
+def test_set_num_threads_sets_both_pools_and_returns_the_previous_counts(restore_threads):
+    prev = threads.set_num_threads(blas=1, numba=1)
+    assert prev == restore_threads
+    assert threads.num_threads() == {"blas": 1, "numba": 1}
+    with threads.limit_threads(blas=2) as inside:
+        assert inside == {"blas": 1, "numba": 1}
+        assert threads.num_threads()["numba"] == 1  # untouched
+    assert threads.num_threads() == {"blas": 1, "numba": 1}  # restored on exit
+    with pytest.raises(RuntimeError), threads.limit_threads(numba=1, blas=2):
+        raise RuntimeError("inside")
+    assert threads.num_threads() == {"blas": 1, "numba": 1}
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_thread_counts_are_refused(bad):
+    with pytest.raises(ml.ArgumentError, match="set_num_threads: blas"):
+        threads.set_num_threads(blas=bad)
+    with pytest.raises(ml.ArgumentError, match="threads must be"):
+        ml.compile(lambda x: x * 2, np.ones(2, np.float32), threads={"cores": 2})
+    with pytest.raises(ml.ArgumentError, match=r"compile: threads\['blas'\]"):
+        ml.compile(lambda x: x * 2, np.ones(2, np.float32), threads={"blas": bad})
+
+
+def _mixed(probe):
+    """A batched product (BLAS: the packed rung takes matrices only), then a plain one (the
+    Numba packed rung on cpu-numba), then ``probe``."""
+    def f(a, b, c):
+        n = b.shape[0]
+        h = ops.reshape(ops.matmul(a, b), (n, n))
+        return probe(ops.matmul(h, c))
+    return f
+
+
+def test_a_graph_mixing_numba_and_blas_runs_with_one_blas_thread(restore_threads):
+    seen = []
+
+    def probe_compute(x):  # records the BLAS threads while the graph runs
+        seen.append(threads.num_threads()["blas"])
+        return x.copy()
+
+    probe = ml.custom_op("threads_probe", compute=probe_compute,
+                         infer=lambda x: get("neg").infer(x), replace=True)
+    f = _mixed(probe)
+    try:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((1, 16, 16)).astype(np.float32)
+        b, c = (rng.standard_normal((16, 16)).astype(np.float32) for _ in range(2))
+        mixed = ml.compile(f, a, b, c, device="cpu-numba")
+        kernels = {n.meta["kernel_name"] for n in mixed.graph.nodes}
+        assert {"numba.matmul_packed", "numpy.matmul(out=)"} <= kernels
+        assert mixed.thread_limits == pool_coordination(mixed.graph) == {"blas": 1}
+        as_set = ml.compile(f, a, b, c, device="cpu-numba", threads=None)
+        plain = ml.compile(f, a, b, c)  # cpu only: nothing to coordinate
+        assert as_set.thread_limits is None and plain.thread_limits is None
+        threads.set_num_threads(blas=2)
+        before = threads.num_threads()["blas"]
+        seen.clear()
+        for profile in (False, True):
+            got = mixed(a, b, c, profile=profile)
+        np.testing.assert_allclose(got, (a[0] @ b) @ c, rtol=1e-4, atol=1e-4)
+        assert seen == [1, 1]  # BLAS at one thread while the graph ran
+        assert threads.num_threads()["blas"] == before  # and restored after
+        seen.clear()
+        np.testing.assert_array_equal(as_set(a, b, c), got)
+        assert seen == [before]
+    finally:
+        REGISTRY.pop("threads_probe", None)
