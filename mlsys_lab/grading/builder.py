@@ -27,6 +27,8 @@ from pathlib import Path
 
 import nbformat
 
+from mlsys_lab.errors import ArgumentError
+
 __all__ = [
     "ANSWER_TAG",
     "BEGIN",
@@ -177,15 +179,32 @@ def _sources(src: Path) -> list[Path]:
     return sorted(p for p in src.glob("ch*.ipynb") if p.is_file())
 
 
+def _required_sources(src: Path, who: str) -> list[Path]:
+    """The solution notebooks in ``src``; a clear error when there are none (e.g. the package was
+    installed from a wheel and ``solutions/`` is not next to it)."""
+    found = _sources(src) if src.is_dir() else []
+    if not found:
+        what = "no such folder" if not src.is_dir() else "no ch*.ipynb solution notebooks in it"
+        raise ArgumentError(
+            f"{who}: cannot find the solution notebooks: looked in {src.resolve()} ({what}); "
+            "run it from a checkout of mlsys-lab (the folder holding solutions/) or pass --src"
+        )
+    return found
+
+
 def build_all(src: str | Path = "solutions", dst: str | Path = "exercises") -> list[Path]:
     """Regenerate every ``dst/chNN_*.ipynb`` from ``src/``; return the files written.
 
     Only files whose content changes are rewritten, so timestamps stay put for unchanged ones.
+
+    Raises:
+        ArgumentError: ``src`` holds no solution notebook.
     """
     src, dst = Path(src), Path(dst)
+    sources = _required_sources(src, "exercises build")
     dst.mkdir(parents=True, exist_ok=True)
     written = []
-    for src_file in _sources(src):
+    for src_file in sources:
         text = _build_text(src_file)
         out = dst / src_file.name
         if not out.exists() or out.read_text(encoding="utf-8") != text:
@@ -195,11 +214,15 @@ def build_all(src: str | Path = "solutions", dst: str | Path = "exercises") -> l
 
 
 def check_up_to_date(src: str | Path = "solutions", dst: str | Path = "exercises") -> list[Path]:
-    """Files in ``dst`` that differ from a fresh build: stale, missing, or without a source."""
+    """Files in ``dst`` that differ from a fresh build: stale, missing, or without a source.
+
+    Raises:
+        ArgumentError: ``src`` holds no solution notebook (a check that could not fail).
+    """
     src, dst = Path(src), Path(dst)
     stale = []
     expected = {}
-    for src_file in _sources(src):
+    for src_file in _required_sources(src, "exercises build --check"):
         expected[src_file.name] = _build_text(src_file)
     for name, text in expected.items():
         out = dst / name

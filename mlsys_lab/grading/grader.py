@@ -43,6 +43,7 @@ exercise whose cells were deleted, or whose check never ran, still counts: 0 of 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import logging
 import os
@@ -73,7 +74,7 @@ from mlsys_lab.grading.judge import judge_exercise
 from mlsys_lab.grading.probe import MIME
 from mlsys_lab.grading.wire import MAX_BYTES
 
-__all__ = ["ExerciseGrade", "GradeReport", "grade"]
+__all__ = ["ExerciseGrade", "GradeReport", "grade", "stop_all_kernels"]
 
 # The hidden cell. It loads the grading modules from the source in ``bundle`` into private
 # module objects (never registered in sys.modules) whose imports of each other resolve to the
@@ -124,6 +125,12 @@ _quiet = logging.getLogger("mlsys_lab.grading.kernel")
 _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
 
+# Process groups of the kernels this process has running now, and whether a stop was asked for
+# (``stop_all_kernels``): a grading worker that is told to stop kills them before it exits.
+_LIVE_GROUPS: set[int] = set()
+_STOPPING = threading.Event()
+_on_kernel_start = None  # called with each new kernel's process group (set by class workers)
+
 
 # ----------------------------------------------------------------------------- the report
 
@@ -170,6 +177,13 @@ class GradeReport:
             "rows": [asdict(row) for row in self.rows],
             "notes": list(self.notes),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GradeReport:
+        """The report back from ``to_dict`` (e.g. read from a JSON cache)."""
+        rows = [ExerciseGrade(**row) for row in data.get("rows", [])]
+        return cls(str(data["notebook"]), rows, list(data.get("notes", [])),
+                   float(data.get("elapsed", 0.0)))
 
     def to_json(self) -> str:
         """The report as one JSON document."""
@@ -274,7 +288,7 @@ class _Run:
     """One grading run: the steps, the current kernel, the clock."""
 
     def __init__(self, nb, folder: Path, cell_timeout, timeout, max_output, max_restarts, kernel,
-                 prepared: dict[str, tuple[dict, dict]]):
+                 prepared: dict[str, tuple[dict, dict]], env: dict[str, str] | None = None):
         self.nb = nb
         self.prepared = prepared  # exercise id -> (bundle, guard plan), made before the kernel
         self.folder = folder
@@ -284,6 +298,7 @@ class _Run:
         self.max_output = max_output
         self.restarts_left = max_restarts
         self.kernel_name = kernel
+        self.env = dict(env or {})
         self.client: _Client | None = None
         self.pgid: int | None = None
         self.notes: list[str] = []
@@ -295,6 +310,8 @@ class _Run:
         return self.deadline - time.monotonic()
 
     def start_kernel(self) -> None:
+        if _STOPPING.is_set():
+            raise RuntimeError("grading was stopped")
         client = _Client(
             self.nb,
             max_output=self.max_output,
@@ -306,7 +323,7 @@ class _Run:
             record_timing=False,
             log=_quiet,
         )
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in [_PACKAGE_PARENT, env.get("PYTHONPATH", "")] if p
         )
@@ -319,6 +336,10 @@ class _Run:
         )
         provisioner = getattr(client.km, "provisioner", None)
         self.pgid = getattr(provisioner, "pgid", None) or getattr(provisioner, "pid", None)
+        if self.pgid is not None:
+            _LIVE_GROUPS.add(self.pgid)
+            if _on_kernel_start is not None:  # a class worker tells its parent at once
+                _on_kernel_start(self.pgid)
         client.start_new_kernel_client()
 
     def stop_kernel(self) -> None:
@@ -332,6 +353,7 @@ class _Run:
             except Exception:  # a dead or stuck kernel: the group kill below settles it
                 pass
         _kill_group(pgid)  # processes the student's code started in the kernel's group
+        _LIVE_GROUPS.discard(pgid)
         if process is not None:
             try:
                 process.wait(timeout=5)  # reap it: no zombie left behind
@@ -439,7 +461,10 @@ def _mentioned(nb) -> list[str]:
     return found
 
 
-def _expected_exercises(nb, path: Path, mentioned: list[str], notes: list[str]) -> list[Exercise]:
+def _expected_exercises(nb, path: Path, mentioned: list[str], notes: list[str],
+                        only: list[int] | None = None) -> list[Exercise]:
+    if only is not None:
+        return _assignment_exercises(nb, path, only, notes)
     chapters = set()
     meta_chapter = nb.metadata.get("mlsys_lab", {}).get("chapter")
     if isinstance(meta_chapter, int):
@@ -468,6 +493,31 @@ def _expected_exercises(nb, path: Path, mentioned: list[str], notes: list[str]) 
     return list(found.values())
 
 
+def _assignment_exercises(nb, path: Path, only: list[int], notes: list[str]) -> list[Exercise]:
+    """The exercises of the given chapters; a note when the notebook is another chapter's."""
+    meta_chapter = nb.metadata.get("mlsys_lab", {}).get("chapter")
+    own = {meta_chapter} if isinstance(meta_chapter, int) else set()
+    for ex_id in _mentioned(nb):
+        try:
+            own.add(chapter_of(ex_id))
+        except UnknownExerciseError:
+            pass
+    if own and not own & set(only):
+        names = ", ".join(str(c) for c in sorted(own))
+        wanted = ", ".join(str(c) for c in sorted(only))
+        notes.append(f"wrong chapter: {path.name} holds chapter {names}'s exercises, but the "
+                     f"assignment is chapter {wanted}")
+    found: list[Exercise] = []
+    for chapter in sorted(set(only)):
+        try:
+            found.extend(exercises_for_chapter(chapter))
+        except Exception as error:
+            notes.append(f"could not load the checks of chapter {chapter}: {error!r}")
+    if not found:
+        notes.append(f"chapter {', '.join(map(str, sorted(set(only))))} has no graded exercises")
+    return found
+
+
 def _plan(nb, graded: list[str]) -> list[_Step]:
     """The steps: every code cell in order, each exercise graded at its last check cell (the
     public check cell itself is not run), or at the end of the notebook if it has none."""
@@ -490,12 +540,23 @@ def _plan(nb, graded: list[str]) -> list[_Step]:
     return steps
 
 
+_SOURCES: dict[Path, tuple[tuple[int, int], str]] = {}
+
+
 def _source_of(module: str) -> tuple[str, str]:
+    """A grading module's file name and source (read again only when the file changes: a class
+    run grades many notebooks against the same checks)."""
     path = _GRADING_DIR / f"{module.rsplit('.', 1)[-1]}.py"
-    return str(path), path.read_text(encoding="utf-8")
+    stat = path.stat()
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    cached = _SOURCES.get(path)
+    if cached is None or cached[0] != stamp:
+        cached = _SOURCES[path] = (stamp, path.read_text(encoding="utf-8"))
+    return str(path), cached[1]
 
 
-def _grading_imports(source: str) -> set[str]:
+@functools.lru_cache(maxsize=128)
+def _grading_imports(source: str) -> frozenset[str]:
     """The ``mlsys_lab.grading.*`` modules a module's source imports."""
     found = set()
     for node in ast.walk(ast.parse(source)):
@@ -505,7 +566,7 @@ def _grading_imports(source: str) -> set[str]:
                 found.add(name)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("mlsys_lab.grading."))
-    return found
+    return frozenset(found)
 
 
 def _prepare(exercise: Exercise) -> tuple[dict, dict]:
@@ -533,6 +594,8 @@ def grade(
     max_output: int = 100_000,
     max_restarts: int = 2,
     kernel_name: str = "python3",
+    chapters: list[int] | None = None,
+    env: dict[str, str] | None = None,
 ) -> GradeReport:
     """Run a notebook in a fresh kernel and grade every exercise of its chapter(s).
 
@@ -545,6 +608,9 @@ def grade(
         max_output: characters of output kept per cell.
         max_restarts: how many times a dead kernel is restarted.
         kernel_name: the Jupyter kernel to run the notebook in.
+        chapters: grade exactly these chapters' exercises (the assignment), whatever the
+            notebook names; default: every chapter the notebook refers to.
+        env: variables added to the kernel's environment (e.g. ``OMP_NUM_THREADS``).
 
     Returns:
         A ``GradeReport``. Grading never raises for anything the notebook does.
@@ -556,11 +622,12 @@ def grade(
         nb = nbformat.read(path, as_version=4)
     except Exception as error:
         report.notes.append(f"could not read the notebook: {type(error).__name__}: {error}")
-        _add_rows(report, _expected_exercises(nbformat.v4.new_notebook(), path, [], []), {})
+        empty = nbformat.v4.new_notebook()
+        _add_rows(report, _expected_exercises(empty, path, [], [], chapters), {})
         report.elapsed = time.monotonic() - started
         return report
 
-    expected = _expected_exercises(nb, path, _mentioned(nb), report.notes)
+    expected = _expected_exercises(nb, path, _mentioned(nb), report.notes, chapters)
     prepared, outcome = {}, {}  # outcome: exercise id -> why it has no result (when it has none)
     for exercise in expected:
         try:
@@ -573,7 +640,7 @@ def grade(
 
     run = _Run(
         nb, path.resolve().parent, cell_timeout, timeout, max_output, max_restarts, kernel_name,
-        prepared,
+        prepared, env,
     )
     try:
         _execute_all(run, steps, outcome)
@@ -744,3 +811,13 @@ def _summary(rows: list[dict]) -> str:
     if len(failed) > 1 and len(messages) == 1:  # e.g. every case hit the same stub
         return f"{len(failed)} of {len(rows)} cases failed: {messages.pop()}{legacy}"
     return "; ".join(f"{r.get('name')}: {r.get('feedback', '')}" for r in failed) + legacy
+
+
+def stop_all_kernels() -> None:
+    """Kill every kernel this process is running and start no new one (a worker's shutdown).
+
+    Safe to call from a signal handler: it only sends signals and sets a flag.
+    """
+    _STOPPING.set()
+    for pgid in list(_LIVE_GROUPS):
+        _kill_group(pgid)
