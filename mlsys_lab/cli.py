@@ -2,20 +2,27 @@
 
 ::
 
-    mlsys-lab open                               # jupyter lab on the chapter notebooks
+    mlsys-lab open [-- LAB-ARGS...]              # jupyter lab at the project root, start page
+    mlsys-lab doctor                             # what is installed, and how to fix what is not
+    mlsys-lab export [--out site/]               # every chapter as offline HTML, a start page
+    mlsys-lab --version
     mlsys-lab grade NOTEBOOK [--json]            # grade one notebook in a fresh kernel
-    mlsys-lab grade --all FOLDER [--json]        # grade every notebook in a folder
+    mlsys-lab grade --all FOLDER [--jobs N]      # grade a class in parallel (see below)
     mlsys-lab exercises build [--check]          # regenerate exercises/ from solutions/
+    mlsys-lab exercises release --out DIR        # the student pack: exercises + chapters, stamped
 
 ``grade`` takes ``--cell-timeout S`` (per cell, default 60) and ``--timeout S`` (per notebook,
-default 600). Exit codes: 0 when the command did its job (whatever the score), 1 when it could
-not (a missing notebook, stale exercises under ``--check``), 2 for a usage error.
+default 600). With ``--all`` it also takes ``--pattern`` (how file names name the student),
+``--csv FILE`` (gradebook), ``--feedback DIR``, ``--report [PNG]`` (class statistics),
+``--strict`` (refuse submissions released with other checks) and ``--no-cache``; the work is in
+``mlsys_lab.grading.commands``. Exit codes: 0 when the command did its job (whatever the
+score), 1 when it could not (a missing notebook, stale exercises under ``--check``), 2 for a
+usage error.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("open", help="open the chapter notebooks in JupyterLab")
+    parser.add_argument("--version", action="version", version=_version())
+    lab = sub.add_parser("open", help="JupyterLab at the project root, on the start page")
+    lab.add_argument("lab_args", nargs=argparse.REMAINDER,
+                     help="after --, passed on to `jupyter lab` (mlsys-lab open -- --no-browser)")
+    sub.add_parser("doctor", help="check Python, numpy, numba, dot, CUDA, MPI, a browser")
+    export = sub.add_parser("export", help="render every chapter to offline HTML")
+    export.add_argument("--out", type=Path, default=Path("site"), help="folder (default site/)")
 
     grade = sub.add_parser("grade", help="grade a notebook (or a folder of notebooks)")
     target = grade.add_mutually_exclusive_group(required=True)
@@ -54,6 +67,28 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument(
         "--timeout", type=float, default=600, metavar="S", help="seconds per notebook (default 600)"
     )
+    grade.add_argument("--jobs", type=int, default=None, metavar="N",
+                       help="--all: notebooks graded at once (default: the number of cores)")
+    grade.add_argument("--pattern", default=None, metavar="REGEX",
+                       help="--all: regex on the path in FOLDER with (?P<student>...) and "
+                            "optionally (?P<assignment>...) groups")
+    grade.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                       help="--all: write the gradebook (one row per student)")
+    grade.add_argument("--feedback", type=Path, default=None, metavar="DIR",
+                       help="write one feedback file per submission into DIR")
+    grade.add_argument("--feedback-format", choices=("html", "md"), default="html",
+                       help="feedback files as HTML (default) or Markdown")
+    grade.add_argument("--report", type=Path, nargs="?", const=Path("class_report.png"),
+                       default=None, metavar="PNG",
+                       help="--all: print class statistics and plot them (default "
+                            "class_report.png)")
+    grade.add_argument("--strict", action="store_true",
+                       help="refuse submissions whose release stamp differs from the checks")
+    grade.add_argument("--cache", type=Path, default=None, metavar="FILE",
+                       help="--all: the re-grade cache (default FOLDER/.mlsys-lab-grades.json)")
+    grade.add_argument("--no-cache", action="store_true", help="--all: grade every notebook")
+    grade.add_argument("--quiet", action="store_true",
+                       help="--all: no progress bar or per-notebook lines")
 
     exercises = sub.add_parser("exercises", help="manage the generated exercise notebooks")
     ex_sub = exercises.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -65,78 +100,57 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--src", type=Path, default=None, help="solutions folder")
     build.add_argument("--dst", type=Path, default=None, help="exercises folder")
+    release = ex_sub.add_parser("release", help="write the student pack (no solutions)")
+    release.add_argument("--out", type=Path, required=True, metavar="DIR", help="the pack folder")
+    release.add_argument("--src", type=Path, default=None, help="solutions folder")
+    release.add_argument("--chapters", type=Path, default=None, help="chapters folder")
     return parser
 
 
 def _cmd_grade(args) -> int:
-    from mlsys_lab.grading.grader import grade
+    from mlsys_lab.grading.commands import grade_command
 
-    if args.folder is not None:
-        if not args.folder.is_dir():
-            print(f"mlsys-lab grade: no such folder: {args.folder}", file=sys.stderr)
-            return 1
-        notebooks = sorted(
-            p for p in args.folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
-        )
-    else:
-        if not args.notebook.is_file():
-            print(f"mlsys-lab grade: no such notebook: {args.notebook}", file=sys.stderr)
-            return 1
-        notebooks = [args.notebook]
-
-    reports = [grade(nb, cell_timeout=args.cell_timeout, timeout=args.timeout) for nb in notebooks]
-    if args.json:
-        data = [r.to_dict() for r in reports]
-        print(
-            json.dumps(data if args.folder is not None else data[0], ensure_ascii=False, indent=2)
-        )
-    else:
-        print("\n\n".join(r.to_table() for r in reports))
-        if len(reports) > 1:
-            print("\nSummary")
-            for r in reports:
-                print(f"  {r.total:g}/{r.max:g}  {r.notebook}")
-    return 0
+    return grade_command(args)
 
 
 def _cmd_exercises(args) -> int:
-    from mlsys_lab.grading.builder import build_all, check_up_to_date
+    from mlsys_lab.grading.commands import exercises_command
 
-    root = _project_root()
-    src = args.src or root / "solutions"
-    dst = args.dst or root / "exercises"
-    if args.check:
-        stale = check_up_to_date(src, dst)
-        if stale:
-            print("exercises are out of date; run `mlsys-lab exercises build`:")
-            for path in stale:
-                print(f"  {path}")
-            return 1
-        print(f"exercises are up to date ({dst})")
-        return 0
-    written = build_all(src, dst)
-    for path in written:
-        print(f"wrote {path}")
-    print(f"{len(written)} notebook(s) updated in {dst}")
-    return 0
+    return exercises_command(args)
+
+
+def _version() -> str:
+    from mlsys_lab import __version__
+
+    return f"mlsys-lab {__version__}"
 
 
 def _cmd_open(args) -> int:
-    chapters = _project_root() / "chapters"
-    try:
-        return subprocess.call(["jupyter", "lab", str(chapters)])
-    except FileNotFoundError:
-        print(
-            "mlsys-lab open: `jupyter` not found; install with `pip install jupyterlab`",
-            file=sys.stderr,
-        )
-        return 1
+    from mlsys_lab.reader.launch import open_lab
+
+    extra = args.lab_args[1:] if args.lab_args[:1] == ["--"] else args.lab_args
+    return open_lab(extra, root=_project_root(), call=subprocess.call)
+
+
+def _cmd_doctor(args) -> int:
+    from mlsys_lab.reader.doctor import run_doctor
+
+    return run_doctor()
+
+
+def _cmd_export(args) -> int:
+    from mlsys_lab.reader.export import export_site
+
+    index = export_site(args.out, root=_project_root())
+    print(f"wrote {index}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``mlsys-lab`` command line; returns the exit code."""
     args = _parser().parse_args(argv)
-    handlers = {"grade": _cmd_grade, "exercises": _cmd_exercises, "open": _cmd_open}
+    handlers = {"grade": _cmd_grade, "exercises": _cmd_exercises, "open": _cmd_open,
+                "doctor": _cmd_doctor, "export": _cmd_export}
     try:
         return handlers[args.command](args)
     except ValueError as error:  # e.g. a malformed solution region

@@ -430,11 +430,12 @@ def test_cli_exercises_build_check(tmp_path, capsys):
     assert "up to date" in capsys.readouterr().out
 
 
-def test_cli_open_launches_jupyter_lab_on_the_chapters(monkeypatch):
+def test_cli_open_launches_jupyter_lab_on_the_start_page(monkeypatch):
     calls = []
-    monkeypatch.setattr("mlsys_lab.cli.subprocess.call", lambda cmd: calls.append(cmd) or 0)
+    monkeypatch.setattr("mlsys_lab.cli.subprocess.call",
+                        lambda cmd, cwd=None: calls.append(cmd) or 0)
     assert main(["open"]) == 0
-    assert calls[0][:2] == ["jupyter", "lab"] and calls[0][2].endswith("chapters")
+    assert calls[0][1:3] == ["-m", "jupyterlab"] and calls[0][-1] == "index.ipynb"
 
 
 CHAPTER_SETS = sorted(p.name for p in SOLUTIONS.glob("ch*.ipynb") if p.name != "ch00_demo.ipynb")

@@ -1,10 +1,13 @@
 """Pictures of what the framework does: graphs, schedules, memory lifetimes, collectives,
-pipeline schedules and cluster timelines."""
+pipeline schedules and cluster timelines, and the linked graph/memory explorer. Every picture's
+display bundle carries a PNG, so it shows on GitHub and in an untrusted notebook too."""
 
 from .cluster_timeline import plot_cluster_timeline, rank_summary, timeline_widget
 from .collective_view import collective_stepper, plot_ring_step, ring_allreduce_steps
+from .explorer_view import explorer, explorer_model, graph_explorer, memory_explorer
 from .graph_view import draw_matplotlib, has_dot, show_graph
 from .memory_view import compare_table, memory_widget, plot_lifetimes
+from .picture import Picture
 from .pipeline_view import pipeline_widget, plot_pipeline
 from .stepper import graph_stepper, live_at, show_step
 from .timeline import plot_timeline
@@ -12,4 +15,5 @@ from .timeline import plot_timeline
 __all__ = ["show_graph", "draw_matplotlib", "has_dot", "plot_timeline", "plot_lifetimes",
            "memory_widget", "compare_table", "graph_stepper", "show_step", "live_at",
            "collective_stepper", "plot_ring_step", "ring_allreduce_steps", "pipeline_widget",
-           "plot_pipeline", "plot_cluster_timeline", "rank_summary", "timeline_widget"]
+           "plot_pipeline", "plot_cluster_timeline", "rank_summary", "timeline_widget",
+           "explorer", "explorer_model", "graph_explorer", "memory_explorer", "Picture"]

@@ -14,8 +14,6 @@ also carries a PNG, so a page without a widget manager still shows the picture.
 
 from __future__ import annotations
 
-import base64
-import io
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -24,52 +22,13 @@ from matplotlib.patches import Rectangle
 
 from ..distributed.collectives import OPS, block_bounds
 from ..errors import ArgumentError, ShapeError
+from .picture import WidgetWithStatic, in_notebook, png_bytes
 
 __all__ = ["Chunk", "RingStep", "WidgetWithStatic", "collective_stepper", "describe_step",
            "in_notebook", "plot_ring_step", "png_bytes", "ring_allreduce_steps", "static"]
 
 
 # --------------------------------------------------------------------------- shared widget plumbing
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (where a widget can be live)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
-
-
-def png_bytes(figure, dpi=90) -> bytes:
-    """The figure as PNG bytes; the figure is closed (it lives on only as the picture)."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(figure)
-    return buffer.getvalue()
-
-
-class WidgetWithStatic:
-    """A live widget plus a static PNG in one output.
-
-    Its display bundle holds the widget's view (JupyterLab with a kernel shows the slider) and an
-    ``image/png`` (nbconvert, GitHub and a notebook opened without a kernel show the picture).
-
-    Attributes:
-        widget: the ipywidgets widget. png: the static picture's bytes.
-    """
-
-    def __init__(self, widget, png: bytes):
-        self.widget, self.png = widget, png
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = dict(self.widget._repr_mimebundle_())
-        bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
-        return bundle
-
-    def __repr__(self):
-        return f"WidgetWithStatic({type(self.widget).__name__})"
-
-
 def image_widget(controls, render, caption=None):
     """``VBox(controls, [caption], Image)``: ``render(**values) -> PNG bytes`` redraws the image
     whenever a control changes. ``controls`` maps keyword names to ipywidgets controls."""

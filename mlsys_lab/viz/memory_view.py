@@ -14,6 +14,8 @@ from matplotlib.patches import Rectangle
 from mlsys_lab import timing
 from mlsys_lab.engine import memory
 
+from .picture import attach_static, figure_picture, in_notebook
+
 __all__ = ["plot_lifetimes", "memory_widget", "compare_table", "format_table", "PlanRow"]
 
 _MAX_LABELS = 40  # beyond this many tensors, labels only clutter the chart
@@ -45,11 +47,20 @@ def plot_lifetimes(
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(8, 4.5))
     colours = plt.get_cmap("tab20")
     drawn = [r for r in lifetimes if r.size > 0]
+    bound = memory.lower_bound(lifetimes, plan.alignment, inplace=plan.inplace)
+    naive = memory.naive_size(lifetimes, plan.alignment)
+    # The y axis fits the plan (its arena and the lower bound), not the no-reuse total, which can
+    # be many times larger and would squeeze the plan into the bottom of the chart.
+    top = max(plan.arena_size, bound, 1) * 1.12
+    first = min((r.start for r in lifetimes), default=0)
+    last = max((r.end for r in lifetimes), default=0)
+    steps = max(last + 1 - first, 1)
     for i, r in enumerate(drawn):
         offset = plan.offsets[r.id]
+        width = r.end - r.start + 1
         box = Rectangle(
             (r.start, offset),
-            r.end - r.start + 1,
+            width,
             r.size,
             facecolor=colours(i % 20),
             edgecolor="black",
@@ -57,28 +68,23 @@ def plot_lifetimes(
             alpha=0.85,
         )
         ax.add_patch(box)
-        if len(drawn) <= _MAX_LABELS:
-            ax.text(
-                r.start + (r.end - r.start + 1) / 2,
-                offset + r.size / 2,
-                _label(r.id),
-                ha="center",
-                va="center",
-                fontsize=8,
-            )
-    bound = memory.lower_bound(lifetimes, plan.alignment, inplace=plan.inplace)
-    naive = memory.naive_size(lifetimes, plan.alignment)
+        # Label only the boxes a label fits in (tall and wide enough at this scale).
+        label = _label(r.id)
+        fits = r.size >= 0.045 * top and width >= steps * (0.012 * len(label) + 0.01)
+        if len(drawn) <= _MAX_LABELS and fits:
+            ax.text(r.start + width / 2, offset + r.size / 2, label, ha="center",
+                    va="center", fontsize=8, clip_on=True)
     ax.axhline(plan.arena_size, color="tab:red", label=f"arena {plan.arena_size:,} B")
     ax.axhline(bound, color="tab:green", linestyle="--", label=f"lower bound {bound:,} B")
-    ax.axhline(naive, color="tab:gray", linestyle=":", label=f"no reuse {naive:,} B")
-    first = min((r.start for r in lifetimes), default=0)
-    last = max((r.end for r in lifetimes), default=0)
+    # Above the chart when it is far larger: the legend says so instead of stretching the axis.
+    above = "" if naive <= top else f" (x{naive / max(plan.arena_size, 1):.1f}, above)"
+    ax.axhline(naive, color="tab:gray", linestyle=":", label=f"no reuse {naive:,} B{above}")
     ax.set_xlim(first, last + 1)
-    ax.set_ylim(0, max(naive, plan.arena_size, 1) * 1.05)
+    ax.set_ylim(0, top)
     ax.set_xlabel("step")
     ax.set_ylabel("address (bytes)")
     ax.set_title(title or f"{plan.strategy}: arena {plan.arena_size:,} B")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
     return fig
 
 
@@ -135,12 +141,7 @@ def format_table(rows: Sequence[PlanRow]) -> str:
 
 
 def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+    return in_notebook()
 
 
 def memory_widget(
@@ -151,8 +152,9 @@ def memory_widget(
     """A planner picker: choose a strategy, see its chart and its peak vs the bounds.
 
     In a Jupyter kernel with ipywidgets this returns an ``ipywidgets.interactive`` (a
-    Dropdown and the chart below it). Elsewhere, or without ipywidgets, it returns the static
-    chart of the first strategy (``best`` by default) as a Figure.
+    Dropdown and the chart below it) whose display bundle also holds the first strategy's chart
+    as PNG (what an untrusted notebook, nbconvert and GitHub show). Elsewhere, or without
+    ipywidgets, it returns the static chart of the first strategy (``best`` by default) as a Figure.
     """
     lifetimes = list(lifetimes)
     names = list(strategies or ["best", *memory.STRATEGIES])
@@ -179,4 +181,7 @@ def memory_widget(
         plt.show()
 
     picker = ipywidgets.Dropdown(options=names, value=names[0], description="planner")
-    return ipywidgets.interactive(draw, strategy=picker)
+    widget = ipywidgets.interactive(draw, strategy=picker)
+    alt = (f"memory plan picker over {len(names)} planners for {len(lifetimes)} tensors "
+           f"(the picture shows {names[0]!r}; run the cell to pick another)")
+    return attach_static(widget, figure_picture(figure(names[0]), alt))

@@ -3,6 +3,7 @@ alive at that step. ``show_step`` is the static rendering (for nbconvert and Git
 
 from ..engine.memory import lifetimes
 from .graph_view import show_graph
+from .picture import attach_static
 
 
 def live_at(graph, step, order=None):
@@ -20,7 +21,8 @@ def show_step(graph, step, order=None):
 
 def graph_stepper(graph, order=None):
     """An ipywidgets slider over the schedule; falls back to the static first step when
-    ipywidgets is unavailable."""
+    ipywidgets is unavailable. The widget's display bundle also holds the picture of step 0
+    (PNG), which is what an untrusted notebook, nbconvert and GitHub show."""
     order = list(graph.nodes if order is None else order)
     try:
         import ipywidgets as widgets
@@ -35,4 +37,10 @@ def graph_stepper(graph, order=None):
         display(show_graph(graph, highlight=[n.id], live=live))
 
     slider = widgets.IntSlider(min=0, max=len(order) - 1, value=0, description="step")
-    return widgets.interactive(render, step=slider)
+    stepper = widgets.interactive(render, step=slider)
+    first = show_step(graph, 0, order)
+    if first is not None:
+        first.alt = (f"graph stepper over {len(order)} steps of {first.alt} "
+                     "(the picture shows step 0; run the cell for the slider)")
+        attach_static(stepper, first)
+    return stepper

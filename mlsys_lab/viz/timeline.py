@@ -2,31 +2,53 @@
 
 import zlib
 
+_CHAR_WIDTH = 0.0085  # fraction of the axis width one 7-pt character takes on a 9-inch figure
+
+
+def _kind(node_label):
+    """The op of an event's label (``"c = matmul"`` -> ``"matmul"``)."""
+    return node_label.split("=")[-1].strip()
+
 
 def plot_timeline(timeline, ax=None, title=None):
     """Draw ``timeline`` (records with node, device, worker, start, end in seconds) and return
-    the matplotlib Figure."""
+    the matplotlib Figure.
+
+    Bars are coloured by op; a bar is labelled only when its label fits inside it, and a legend
+    names the colours, so short kernels never pile unreadable text on each other."""
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     events = list(timeline)
     lanes = sorted({(e.device, e.worker) for e in events})
     row_of = {lane: i for i, lane in enumerate(lanes)}
     if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 0.6 + 0.5 * max(len(lanes), 1)))
+        fig, ax = plt.subplots(figsize=(9, 0.9 + 0.5 * max(len(lanes), 1)))
     else:
         fig = ax.figure
     t0 = min((e.start for e in events), default=0.0)
+    span = max((e.end for e in events), default=t0 + 1e-3) - t0 or 1e-3
     cmap = plt.get_cmap("tab10")
+    colour_of = {}
     for e in events:
+        kind = _kind(e.node)
+        colour = colour_of.setdefault(kind, cmap(zlib.crc32(kind.encode()) % 10))
         row = row_of[(e.device, e.worker)]
-        ax.barh(row, (e.end - e.start) * 1e3, left=(e.start - t0) * 1e3, height=0.6,
-                color=cmap(zlib.crc32(e.node.split("=")[-1].encode()) % 10), edgecolor="black")
-        ax.text((e.start - t0 + (e.end - e.start) / 2) * 1e3, row, e.node, ha="center",
-                va="center", fontsize=7)
+        width = e.end - e.start
+        ax.barh(row, width * 1e3, left=(e.start - t0) * 1e3, height=0.6, color=colour,
+                edgecolor="black", linewidth=0.5)
+        if width >= span * _CHAR_WIDTH * (len(e.node) + 1):
+            ax.text((e.start - t0 + width / 2) * 1e3, row, e.node, ha="center", va="center",
+                    fontsize=7, clip_on=True)
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels([f"{d}/{w}" for d, w in lanes])
+    ax.set_xlim(0, span * 1e3)
     ax.set_xlabel("time (ms)")
     ax.set_title(title or "schedule timeline")
     ax.invert_yaxis()
+    if colour_of:
+        kinds = sorted(colour_of)[:12]
+        ax.legend([Patch(color=colour_of[k]) for k in kinds], kinds, fontsize=7,
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig

@@ -1,0 +1,106 @@
+"""``mlsys-lab export``: every chapter as a self-contained HTML page, readable offline.
+
+Pages are nbconvert's JupyterLab layout with nothing loaded from the network (no require.js,
+MathJax or widget manager from a CDN). Outputs of the package's explorer widgets become the
+live explorer again (its JavaScript, ``mlsys_lab/viz/static/explorer.js``, is inlined in the page
+and runs from the data saved in the output); other widget outputs show the static picture their
+bundle carries. A start page ``index.html`` lists the chapters with the book's names.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import nbformat
+
+from ..viz.explorer_view import MIMETYPE, STATIC
+from .catalogue import PART_PAGES, chapters, project_root
+
+__all__ = ["export_notebook", "export_site", "offline_notebook"]
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+TEMPLATES = Path(__file__).with_name("templates")
+
+
+
+def _explorer_js() -> str:
+    source = (STATIC / "explorer.js").read_text(encoding="utf-8")
+    if "export default" not in source:
+        raise ValueError("explorer.js must end with `export default { render }`")
+    boot = (STATIC / "offline_boot.js").read_text(encoding="utf-8")
+    return source.replace("export default", "window.__mlsysExplorer =") + "\n" + boot
+
+
+def _explorer_html(state: dict) -> str:
+    payload = json.dumps(state, ensure_ascii=False).replace("</", "<\\/")
+    return (f'<div class="mlsys-explorer-offline"><script type="application/json">{payload}'
+            "</script><p>(the explorer needs JavaScript)</p></div>")
+
+
+def offline_notebook(nb) -> nbformat.NotebookNode:
+    """A copy of ``nb`` whose widget outputs render without a kernel or a widget manager."""
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data")
+            if not data:
+                continue
+            if MIMETYPE in data:
+                out["data"] = {"text/html": _explorer_html(data[MIMETYPE]),
+                               "text/plain": data.get("text/plain", "")}
+            elif WIDGET_VIEW in data:
+                del data[WIDGET_VIEW]
+    return nb
+
+
+def export_notebook(nb, title: str) -> str:
+    """The offline HTML page for notebook ``nb``."""
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="mlsys_offline",
+                            extra_template_basedirs=[str(TEMPLATES)])
+    resources = {"metadata": {"name": title}, "mlsys_js": _explorer_js(),
+                 "mlsys_css": (STATIC / "explorer.css").read_text(encoding="utf-8")}
+    body, _ = exporter.from_notebook_node(offline_notebook(nb), resources=resources)
+    return body
+
+
+def _start_page(entries) -> str:
+    rows = "\n".join(
+        f'<tr><td>{c.number}</td><td><a href="{html.escape(page)}">{html.escape(c.english)}</a>'
+        f"</td><td>{html.escape(c.chinese)}</td></tr>" for c, page in entries)
+    skipped = "; ".join(f"{n} is {what}" for n, what in sorted(PART_PAGES.items()))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>mlsys-lab chapters</title>
+<style>body {{ font-family: sans-serif; max-width: 860px; margin: 2em auto; }}
+td, th {{ padding: 4px 12px; text-align: left; }}</style></head>
+<body><h1>mlsys-lab · chapters</h1>
+<p>The companion notebooks of <em>Machine Learning Systems: Design and Implementation</em>
+(openMLsys, 《机器学习系统：设计和实现》), as pages that work offline: pictures and the
+explorer widgets are in the pages themselves.</p>
+<table><tr><th>#</th><th>chapter</th><th>中文</th></tr>
+{rows}
+</table>
+<p>Chapter numbers follow the book's website, where {html.escape(skipped)}: no notebook carries
+those numbers.</p></body></html>
+"""
+
+
+def export_site(out, root: Path | None = None) -> Path:
+    """Write every chapter's page and ``index.html`` into folder ``out``; returns the index."""
+    root = project_root(root)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for chapter in chapters(root):
+        nb = nbformat.read(root / chapter.notebook, as_version=4)
+        page = Path(chapter.notebook).with_suffix(".html").name
+        title = f"{chapter.number} · {chapter.english} · {chapter.chinese}"
+        (out / page).write_text(export_notebook(nb, title), encoding="utf-8")
+        entries.append((chapter, page))
+    index = out / "index.html"
+    index.write_text(_start_page(entries), encoding="utf-8")
+    return index

@@ -1,0 +1,207 @@
+"""The reader's commands (issue 17): README set-up lines as root and with sudo, with and without
+conda; ``mlsys-lab open``/``--version``/``doctor``/``export``; the start page."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import mlsys_lab
+from mlsys_lab import cli
+from mlsys_lab.notebook_format import normal_text
+from mlsys_lab.reader import doctor, export, launch, start_page
+from mlsys_lab.reader.catalogue import chapters, project_root
+
+ROOT = project_root()
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- README set-up
+def _command_after(heading: str) -> str:
+    part = README[README.index(heading):]
+    return re.search(r"```bash\n(.+?)\n```", part, re.S).group(1).strip()
+
+
+FAKE = {
+    # Each fake records its arguments; python3 -m venv makes an activate script that puts the
+    # venv's (fake) pip, python and jupyter first on PATH, as a real venv does.
+    "apt-get": 'echo "apt-get $*" >> "$LOG"',
+    "sudo": 'echo "sudo $1" >> "$LOG"; "$@"',
+    "python3": 'if [ "$1 $2" = "-m venv" ]; then /bin/mkdir -p "$3/bin";'
+               ' echo "PATH=$PWD/$3/bin:\\$PATH" > "$3/bin/activate";'
+               ' for t in pip python jupyter; do'
+               ' printf "#!/bin/bash\\necho venv-$t \\$* >> \\"\\$LOG\\"\\n" > "$3/bin/$t";'
+               ' /bin/chmod +x "$3/bin/$t"; done; fi; echo "python3 $*" >> "$LOG"',
+    "conda": 'echo "conda $*" >> "$LOG"',
+    "jupyter": 'echo "system-jupyter $*" >> "$LOG"',
+}
+
+
+def _run_readme(command: str, tmp_path: Path, tools) -> list[str]:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in tools:
+        (fake / name).write_text("#!/bin/bash\n" + FAKE[name] + "\n")
+        (fake / name).chmod(0o755)
+    log = tmp_path / "log"
+    work = tmp_path / "clone"
+    work.mkdir()
+    done = subprocess.run(["/bin/bash", "-c", command], cwd=work, capture_output=True, text=True,
+                          env={"PATH": str(fake), "LOG": str(log), "HOME": str(tmp_path)},
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("heading", ["**Open the chapters**", "**Run every test**"])
+def test_readme_setup_runs_as_root_without_sudo(tmp_path, heading):
+    command = _command_after(heading)
+    assert not re.search(r"(^|&& )sudo ", command), "a bare sudo fails as root in a container"
+    log = _run_readme(command, tmp_path, ["apt-get", "python3"])
+    assert log[0] == "apt-get update" and log[1].startswith("apt-get install -y graphviz")
+    assert "python3 -m venv .venv" in log and 'venv-pip install -e .[dev]' in log
+    assert log[-1].startswith("venv-jupyter lab index.ipynb" if "Open" in heading else
+                              "venv-python -m pytest --nbval-lax tests chapters solutions")
+
+
+@pytest.mark.parametrize("heading", ["**Open the chapters**", "**Run every test**"])
+def test_readme_setup_uses_sudo_where_it_exists(tmp_path, heading):
+    log = _run_readme(_command_after(heading), tmp_path, ["apt-get", "python3", "sudo"])
+    assert log[:2] == ["sudo apt-get", "apt-get update"]
+    assert sum(line.startswith("sudo ") for line in log) == 2          # both apt-get calls
+
+
+def test_readme_test_command_installs_the_browser():
+    assert "chromium chromium-driver" in _command_after("**Run every test**")
+
+
+def test_readme_conda_route(tmp_path):
+    log = _run_readme(_command_after("### The conda route"), tmp_path, ["conda", "jupyter"])
+    assert log == ["conda env create -f environment.yml", "conda activate mlsys-lab",
+                   "system-jupyter lab index.ipynb"]
+
+
+def test_ci_script_installs_the_browser_as_root_or_with_sudo():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi' in ci and "chromium-driver" in ci
+    apt = [line.strip() for line in ci.splitlines() if "apt-get" in line and
+           not line.lstrip().startswith("#")]
+    assert apt and all(line.startswith("$SUDO ") for line in apt), apt
+
+
+# ----------------------------------------------------------------------------- the commands
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"mlsys-lab {mlsys_lab.__version__}"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'version = "{mlsys_lab.__version__}"' in pyproject
+
+
+def test_open_starts_lab_at_the_root_on_the_start_page(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, cwd=None: calls.append((cmd, cwd)) or 0)
+    monkeypatch.chdir(ROOT / "chapters")          # from anywhere inside the checkout, too
+    assert cli.main(["open", "--", "--no-browser"]) == 0
+    (cmd, cwd), = calls
+    assert cmd[:3] == [sys.executable, "-m", "jupyterlab"]
+    assert f"--ServerApp.root_dir={ROOT.resolve()}" in cmd and cmd[-1] == "index.ipynb"
+    assert "--no-browser" in cmd and Path(cwd) == ROOT.resolve()
+
+
+def test_lab_command_without_a_start_page(tmp_path):
+    cmd = launch.lab_command(tmp_path)
+    assert cmd[-1] == f"--ServerApp.root_dir={tmp_path.resolve()}"
+
+
+def test_doctor_reports_everything_with_fixes(capsys):
+    found = doctor.checks()
+    names = [c.name for c in found]
+    assert names == ["Python", "numpy", "numba", "JupyterLab", "ipywidgets", "matplotlib",
+                     "Graphviz dot", "CUDA", "MPI", "browser"]
+    import numba
+    import numpy
+
+    by = {c.name: c for c in found}
+    assert by["Python"].ok and by["Python"].found.startswith(sys.version.split()[0])
+    assert by["numpy"].found == numpy.__version__ and by["numba"].found == numba.__version__
+    assert all(c.fix for c in found if not c.ok)
+    assert cli.main(["doctor"]) == (1 if any(c.required and not c.ok for c in found) else 0)
+    out = capsys.readouterr().out
+    assert all(name in out for name in names)
+
+
+def test_doctor_names_the_fix_for_what_is_missing(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda name, path=None: None)
+    monkeypatch.setattr(doctor, "_module", lambda name, dist=None:
+                        None if name in ("numpy", "mpi4py") else "1.0")
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    found = {c.name: c for c in doctor.checks()}
+    dot = found["Graphviz dot"]
+    assert not dot.ok and "apt-get install -y graphviz" in dot.fix
+    assert "conda install -c conda-forge graphviz" in dot.fix
+    assert not found["numpy"].ok and found["numpy"].required and "pip install" in found["numpy"].fix
+    assert not found["MPI"].ok and "mpi4py" in found["MPI"].fix
+    assert not found["browser"].ok and "chromium-driver" in found["browser"].fix
+    text = doctor.report(list(found.values()))
+    assert "MISSING" in text and "missing for the chapters: numpy" in text
+    assert doctor.run_doctor() == 1
+
+
+# ----------------------------------------------------------------------------- the start page
+def test_start_page_is_committed_up_to_date_and_links_everything():
+    committed = (ROOT / "index.ipynb").read_text(encoding="utf-8")
+    assert committed == normal_text(start_page.start_page(ROOT)), \
+        "index.ipynb is stale: python -m mlsys_lab.reader.start_page"
+    text = "".join("".join(c["source"]) for c in json.loads(committed)["cells"])
+    links = re.findall(r"\]\(([^)]+\.ipynb)\)", text)
+    assert links and all((ROOT / link).is_file() for link in links)
+    for c in chapters(ROOT):
+        assert c.notebook in links and c.english in text and c.chinese in text
+        assert (c.exercises is None or c.exercises in links)
+    assert "5 is the opening page of the advanced part" in text
+
+
+def test_catalogue_reads_names_from_the_notebooks(tmp_path):
+    (tmp_path / "chapters").mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Chapter 12 · Part · 拓展篇\n\ntext")]
+    nbformat.write(nb, str(tmp_path / "chapters" / "12_part.ipynb"))
+    (c,) = chapters(tmp_path)
+    assert (c.number, c.english, c.chinese, c.exercises) == (12, "Part", "拓展篇", None)
+    nb.cells = [nbformat.v4.new_markdown_cell("no heading")]
+    nbformat.write(nb, str(tmp_path / "chapters" / "13_bad.ipynb"))
+    with pytest.raises(ValueError, match="13_bad.ipynb"):
+        chapters(tmp_path)
+
+
+# ----------------------------------------------------------------------------- the export
+def test_offline_notebook_keeps_pictures_and_revives_explorers():
+    from mlsys_lab.viz.explorer_view import MIMETYPE
+
+    nb = nbformat.v4.new_notebook(metadata={"widgets": {"state": {}}})
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [
+        nbformat.v4.new_output("display_data", data={
+            export.WIDGET_VIEW: {"model_id": "1"}, "image/png": "iVBOR", "text/plain": "w"}),
+        nbformat.v4.new_output("display_data", data={
+            export.WIDGET_VIEW: {"model_id": "2"}, "image/png": "iVBOR", "text/plain": "e",
+            MIMETYPE: {"model": {"title": "</script>t"}, "step": 0}}),
+    ]
+    nb.cells = [cell]
+    out = export.offline_notebook(nb)
+    first, second = out.cells[0].outputs
+    assert export.WIDGET_VIEW not in first.data and "image/png" in first.data
+    assert "mlsys-explorer-offline" in second.data["text/html"]
+    assert "</script>t" not in second.data["text/html"]           # cannot close its script tag
+    assert "widgets" not in out.metadata and "widgets" in nb.metadata   # the input is untouched
+    page = export.export_notebook(nb, "demo")
+    assert "window.__mlsysExplorer" in page and "export default" not in page
+    assert not re.findall(r'<(?:script|link)[^>]+(?:src|href)="https?:', page)

@@ -1,0 +1,76 @@
+"""Every committed notebook is in JupyterLab's normal form (issue 17), so opening and saving it in
+Lab leaves it byte-identical. To fix a failure: ``python -m mlsys_lab.notebook_format``."""
+
+import json
+
+import nbformat
+import pytest
+
+from mlsys_lab import notebook_format as nf
+from mlsys_lab.reader.catalogue import project_root
+
+NOTEBOOKS = nf.committed_notebooks(project_root())
+
+
+def test_every_folder_is_covered():
+    folders = {p.parent.name for p in NOTEBOOKS}
+    assert {"chapters", "solutions", "exercises"} <= folders
+    assert any(p.name == "index.ipynb" for p in NOTEBOOKS)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_notebook_is_in_normal_form(path):
+    assert nf.is_normal(path), (f"{path} is not in normal form; run: "
+                                f"python -m mlsys_lab.notebook_format {path}")
+
+
+def _nb(**metadata):
+    nb = nbformat.v4.new_notebook(metadata=metadata)
+    nb.cells = [nbformat.v4.new_code_cell("print(1)"), nbformat.v4.new_markdown_cell("# 中文")]
+    nb.cells[0].outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="a 10%\r"),
+        nbformat.v4.new_output("stream", name="stdout", text="a 100%\nend\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="warn\n"),
+    ]
+    nb.cells[0].metadata["execution"] = {"iopub.execute_input": "2026-01-01T00:00:00Z"}
+    nb.cells[0].outputs.append(nbformat.v4.new_output(
+        "display_data", data={"application/json": {"w": 36.0, "x": 0.5, "y": 1e-05, "z": 1e21}}))
+    return nb
+
+
+def test_normalise_does_what_lab_does():
+    nb = _nb(kernelspec={"display_name": "Python 3", "language": "python", "name": "python3"})
+    del nb.cells[1]["id"]
+    text = nf.normal_text(nb)
+    data = json.loads(text)
+    assert text.endswith("}\n") and text.startswith('{\n "cells": [\n')   # indent 1, newline
+    assert "中文" in text                                                  # not \\u escaped
+    assert data["metadata"]["kernelspec"]["display_name"] == "Python 3 (ipykernel)"
+    assert data["metadata"]["language_info"]["version"] == nf.PYTHON_VERSION
+    assert data["nbformat_minor"] == 5 and all(c.get("id") for c in data["cells"])
+    outs = data["cells"][0]["outputs"]
+    assert [o.get("name") for o in outs] == ["stdout", "stderr", None]     # merged like Lab
+    assert "".join(outs[0]["text"]) == "a 100%\nend\n"                     # \r resolved
+    assert "execution" not in data["cells"][0]["metadata"]
+    assert '"w": 36,' in text and '"x": 0.5,' in text and '"y": 1e-05,' in text   # as Lab writes
+    assert '"z": 1e+21' in text
+    assert nf.normal_text(json.loads(text)) == text                         # idempotent
+
+
+def test_lab_stream_rules():
+    r = nf.resolve_overwrites
+    assert r("10%|#  |\r50%|## |\r100%|###|\n") == "100%|###|\n"
+    assert r("hello\rHi\n") == "Hillo\n"          # overwrite in place, as a terminal does
+    assert r("ab\bc\n") == "ac\n"
+    assert r("a\r\nb\n") == "a\nb\n"
+
+
+def test_check_command_reports_and_fixes(tmp_path, capsys):
+    path = tmp_path / "x.ipynb"
+    nbformat.write(_nb(), str(path))
+    assert nf.main(["--check", str(path)]) == 1
+    assert "python -m mlsys_lab.notebook_format" in capsys.readouterr().out
+    assert nf.main([str(path)]) == 0 and nf.is_normal(path)
+    before = path.read_bytes()
+    assert nf.main([str(path)]) == 0 and path.read_bytes() == before
+    assert nf.main(["--check", str(path)]) == 0

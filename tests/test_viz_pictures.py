@@ -1,0 +1,133 @@
+"""Pictures show on first open: PNG in every bundle, the matplotlib fallback draws once with live
+tensors and values, charts fit their data (issue 17)."""
+
+import base64
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import mlsys_lab as ml  # noqa: E402
+from mlsys_lab.engine.memory import Lifetime, plan  # noqa: E402
+from mlsys_lab.viz import graph_view, memory_view, stepper  # noqa: E402
+from mlsys_lab.viz.picture import Picture  # noqa: E402
+from mlsys_lab.viz.timeline import plot_timeline  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+PLACEHOLDERS = ("<graph drawing", "interactive(children=", "Image(value=", "VBox(children=",
+                "<Figure size", "object at 0x")
+
+
+def _graph():
+    return ml.trace(lambda a, b: (a + ml.ops.sin(b) * 3).sum(),
+                    np.zeros(8, np.float32), np.zeros(8, np.float32))
+
+
+def _check_bundle(bundle):
+    assert base64.b64decode(bundle["image/png"]).startswith(PNG)
+    assert not any(p in bundle["text/plain"] for p in PLACEHOLDERS), bundle["text/plain"]
+
+
+@pytest.mark.skipif(not graph_view.has_dot(), reason="needs Graphviz dot")
+def test_graphviz_picture_carries_png_and_svg():
+    g = _graph()
+    pic = graph_view.show_graph(g, highlight=[g.nodes[1].id], live={"c"})
+    bundle = pic._repr_mimebundle_()
+    _check_bundle(bundle)
+    assert bundle["image/svg+xml"].lstrip().startswith("<?xml")
+    assert "palegreen" in g.to_dot(live={"c"}) and "lambda" in bundle["text/plain"]
+
+
+def test_matplotlib_fallback_draws_once_with_live_values_and_a_name(monkeypatch, capsys):
+    monkeypatch.setattr(graph_view, "has_dot", lambda: False)
+    plt.close("all")
+    g = _graph()
+    live = stepper.live_at(g, 1)
+    pic = stepper.show_step(g, 1)
+    assert isinstance(pic, Picture) and plt.get_fignums() == []  # closed: drawn only once
+    _check_bundle(pic._repr_mimebundle_())
+    assert "matplotlib" in capsys.readouterr().out
+    fig = graph_view.draw_matplotlib(g, highlight=[g.nodes[1].id], live=live)
+    texts = {t.get_text().split("\n")[0]: t for t in fig.axes[0].texts}
+    values = [v.name for n in g.nodes for v in n.outputs] + [v.name for v in g.inputs]
+    assert set(values) <= set(texts)                      # every value is drawn
+    assert live and all(matplotlib.colors.to_hex(texts[name].get_bbox_patch().get_facecolor())
+                        == matplotlib.colors.to_hex(graph_view.LIVE_FILL) for name in live)
+    dead = [v for v in values if v not in live and v not in {x.name for x in g.inputs}]
+    assert all(matplotlib.colors.to_hex(texts[name].get_bbox_patch().get_facecolor())
+               != matplotlib.colors.to_hex(graph_view.LIVE_FILL) for name in dead)
+    assert matplotlib.colors.to_hex(texts[g.nodes[1].op].get_bbox_patch().get_facecolor()) \
+        == matplotlib.colors.to_hex(graph_view.HIGHLIGHT_FILL)
+    assert "<" not in fig.axes[0].get_title()
+    plt.close("all")
+
+
+def test_display_name():
+    g = _graph()
+    g.name = "<lambda>@cpu"
+    assert graph_view.display_name(g) == "lambda (for cpu)"
+
+
+def test_widgets_carry_a_static_png(monkeypatch):
+    ipywidgets = pytest.importorskip("ipywidgets")
+    g = _graph()
+    w = stepper.graph_stepper(g)
+    assert isinstance(w, ipywidgets.interactive)
+    bundle = w._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    _check_bundle(bundle)
+    monkeypatch.setattr(memory_view, "_in_notebook", lambda: True)
+    lts = [Lifetime(f"t{i}", 64 * (1 + i % 3), i, i + 2) for i in range(8)]
+    m = memory_view.memory_widget(lts, strategies=["naive", "greedy_by_size"])
+    bundle = m._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    _check_bundle(bundle)
+    plt.close("all")
+
+
+def test_memory_chart_fits_the_plan_not_the_no_reuse_total():
+    lts = [Lifetime(f"t{i}", 1024, i, i + 1) for i in range(40)]   # reuse makes naive 20x larger
+    made = plan(lts, "greedy_by_size", alignment=64)
+    fig = memory_view.plot_lifetimes(lts, made)
+    bottom, top = fig.axes[0].get_ylim()
+    assert made.arena_size / top > 0.8
+    assert any("no reuse" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    plt.close("all")
+
+
+class _Event:
+    def __init__(self, node, start, end, worker=0):
+        self.node, self.start, self.end, self.device, self.worker = node, start, end, "cpu", worker
+
+
+def _overlaps(fig):
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for t in fig.axes[0].texts]
+    return sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), len(boxes)
+
+
+def test_timeline_labels_never_overlap():
+    ends = np.cumsum([3e-3 if i % 5 == 0 else 1e-4 for i in range(40)])   # a few long kernels
+    starts = np.concatenate([[0.0], ends[:-1]])
+    events = [_Event(f"v{i} = {'matmul' if i % 5 == 0 else 'add'}", s, e)
+              for i, (s, e) in enumerate(zip(starts, ends))]
+    fig = plot_timeline(events)
+    overlaps, labelled = _overlaps(fig)
+    assert overlaps == 0 and 0 < labelled < 40      # long bars labelled, short ones not
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["add", "matmul"]
+    plt.close("all")
+
+
+def test_a_widget_without_a_picture_gets_a_description():
+    ipywidgets = pytest.importorskip("ipywidgets")
+    from mlsys_lab.viz.picture import describe_widget
+
+    box = ipywidgets.VBox([ipywidgets.IntSlider(value=3)])
+    assert describe_widget(box, "calculator: 3 -> 9") is box
+    bundle = box._repr_mimebundle_()
+    assert bundle["text/plain"] == "calculator: 3 -> 9"
+    assert "application/vnd.jupyter.widget-view+json" in bundle
