@@ -300,6 +300,61 @@ def _drive_explorers(driver, stem):
     return driven
 
 
+_VISIBLE_BAR = """const root = arguments[0];
+const pane = root.querySelector('.tl-scroll').getBoundingClientRect();
+const bars = [...root.querySelectorAll('.tl-item')].filter(b => {
+  const r = b.getBoundingClientRect();
+  return r.width > 6 && r.top >= pane.top && r.bottom <= pane.bottom && r.left >= pane.left
+    && r.right <= pane.right && r.top >= 0 && r.bottom <= window.innerHeight;
+});
+return bars[Math.floor(bars.length / 2)] || null;"""
+
+
+def _drive_timelines(driver, stem, kernel=True):
+    """Hover a bar (its op/message is named), click it (selected, the time cursor on it, the bars
+    running then outlined) and, with a kernel, move a control (the view is rebuilt)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    driven = 0
+    for i, root in enumerate(driver.find_elements(By.CSS_SELECTOR, ".mlsys-timeline[data-ready]")):
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", root)
+        time.sleep(0.2)
+        bar = driver.execute_script(_VISIBLE_BAR, root)
+        assert bar is not None, f"{stem}: timeline {i} shows no bar"
+        key = bar.get_attribute("data-key")
+        named = bar.find_element(By.TAG_NAME, "title").get_attribute("textContent")
+        info = root.find_element(By.CSS_SELECTOR, ".tl-info")
+        idle = info.text
+        ActionChains(driver).move_to_element(bar).perform()
+        assert root.get_attribute("data-hovered") == key and info.text == named != idle, \
+            (stem, key, info.text)
+        ActionChains(driver).click().perform()
+        _wait(driver, f"return document.querySelectorAll('.mlsys-timeline[data-ready]')[{i}]"
+                      f".getAttribute('data-selected') === '{key}';", 10, "timeline click")
+        assert "tl-selected" in bar.get_attribute("class")
+        assert int(root.get_attribute("data-at-cursor")) >= 1       # the clicked bar runs then
+        assert float(root.get_attribute("data-cursor")) >= 0
+        away = root.find_element(By.CSS_SELECTOR, ".tl-title")
+        ActionChains(driver).move_to_element(away).perform()       # away: the selection shows
+        assert info.text.startswith("selected: " + named), info.text
+        ranges = root.find_elements(By.CSS_SELECTOR, "input.tl-input[type=range]")
+        if ranges and kernel:
+            count = root.get_attribute("data-bars")
+            driver.execute_script("const r = arguments[0];"
+                                  " r.value = Math.max(+r.min, +r.value - 2);"
+                                  " r.dispatchEvent(new Event('change'));", ranges[-1])
+            _wait(driver, "const r = document.querySelectorAll('.mlsys-timeline[data-ready]')"
+                          f"[{i}]; return r && r.getAttribute('data-bars') !== '{count}';", 30,
+                  "timeline rebuilt from its control")
+            root = driver.find_elements(By.CSS_SELECTOR, ".mlsys-timeline[data-ready]")[i]
+        time.sleep(0.3)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        root.screenshot(str(ARTIFACTS / f"timeline-{stem}-{i}.png"))
+        driven += 1
+    return driven
+
+
 @pytest.mark.parametrize("path", _widget_chapters())
 def test_widget_chapters_run_and_every_widget_responds(driver, lab, path):
     stem = Path(path).stem
@@ -311,7 +366,12 @@ def test_widget_chapters_run_and_every_widget_responds(driver, lab, path):
     assert not errors, f"{path}: cells failed in the browser: {errors[:2]}"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     driven = _drive_ipywidgets(driver, stem) + _drive_explorers(driver, stem)
-    assert driven >= 1, f"{path}: no widget found to drive"
+    timelines = _drive_timelines(driver, stem)
+    assert driven + timelines >= 1, f"{path}: no widget found to drive"
+    source = (ROOT / path).read_text(encoding="utf-8")
+    calls = sum(source.count(f"{name}(") for name in
+                ("pipeline_widget", "timeline_widget", "schedule_widget"))
+    assert timelines >= calls, f"{path}: {timelines} of {calls} timeline widgets driven"
     _shot(driver, f"ran-{stem}")
     _stop_kernels(lab)
 
@@ -355,3 +415,55 @@ def test_offline_export_shows_working_widgets_with_the_network_off(tmp_path):
             root.screenshot(str(ARTIFACTS / f"offline-{Path(path).stem}.png"))
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         d.save_screenshot(str(ARTIFACTS / "offline-last-page.png"))
+        # No MathJax offline: the chapters' TeX is drawn as SVG images that load from the page.
+        maths = {p: (index.parent / p).read_text(encoding="utf-8").count('class="mlsys-math"')
+                 for p in pages}
+        assert sum(maths.values()) > 100, maths
+        most = max(maths, key=maths.get)
+        d.get((index.parent / most).as_uri())
+        _wait(d, "return [...document.images].every(i => i.complete);", 30, "math images")
+        sizes = d.execute_script("return [...document.querySelectorAll('img.mlsys-math')]"
+                                 ".map(i => i.naturalWidth);")
+        assert len(sizes) == maths[most] and all(w > 0 for w in sizes), sizes[:5]
+        formula = d.find_elements(By.CSS_SELECTOR, "img.mlsys-math")[0]
+        d.execute_script("arguments[0].scrollIntoView({block: 'center'});", formula)
+        d.save_screenshot(str(ARTIFACTS / "offline-math.png"))
+
+
+def test_offline_timelines_respond_without_a_kernel(tmp_path):
+    """The timeline widgets of chapter 11 (pipeline schedules, cluster trace) exported offline:
+    hover and click work from the saved data; the controls that need a kernel are disabled."""
+    import matplotlib
+    import nbformat
+    import numpy as np
+    from selenium.webdriver.common.by import By
+
+    matplotlib.use("Agg")
+    from mlsys_lab.distributed import collectives, sim
+    from mlsys_lab.reader.export import export_notebook
+    from mlsys_lab.viz import cluster_timeline, pipeline_view
+
+    def prog(comm, x):
+        yield comm.compute(seconds=1e-6 * (comm.rank + 1))
+        return (yield from collectives.allreduce(comm, x))
+
+    res = sim.run(sim.Cluster(sim.ring(4)), prog, args=[(np.ones(256),)] * 4)
+    nb = nbformat.v4.new_notebook()
+    for widget in (pipeline_view.pipeline_widget(4, 8, live=True),
+                   cluster_timeline.timeline_widget(res, live=True)):
+        cell = nbformat.v4.new_code_cell("widget")
+        cell.outputs = [nbformat.v4.new_output("execute_result", execution_count=1,
+                                               data=widget._repr_mimebundle_())]
+        nb.cells.append(cell)
+    page = tmp_path / "timelines.html"
+    page.write_text(export_notebook(nb, "timelines"), encoding="utf-8")
+    with B.chromium(offline=True) as d:
+        d.get(page.as_uri())
+        _wait(d, "return document.querySelectorAll('.mlsys-timeline[data-ready]').length === 2;",
+              30, "offline timelines")
+        roots = d.find_elements(By.CSS_SELECTOR, ".mlsys-timeline[data-ready]")
+        assert [r.get_attribute("data-bars") for r in roots] == \
+            [str(2 * 4 * 8 * 2), str(len(res.trace))]
+        assert all(i.get_attribute("disabled") for i in
+                   roots[0].find_elements(By.CSS_SELECTOR, "input.tl-input"))
+        assert _drive_timelines(d, "offline", kernel=False) == 2

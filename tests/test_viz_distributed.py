@@ -3,6 +3,7 @@ pipeline view draws the schedules' own timelines, the cluster timeline adds up t
 widget is live with controls and carries a static PNG."""
 
 import base64
+import json
 
 import matplotlib
 
@@ -20,6 +21,7 @@ from mlsys_lab.errors import ArgumentError, ShapeError  # noqa: E402
 from mlsys_lab.viz import cluster_timeline as ct  # noqa: E402
 from mlsys_lab.viz import collective_view as cv  # noqa: E402
 from mlsys_lab.viz import pipeline_view as pv  # noqa: E402
+from mlsys_lab.viz import timeline_view as tv  # noqa: E402
 
 BOOK = [np.array([2.0, 4, 6]), np.array([1.0, 2, 3]), np.array([4.0, 8, 12])]
 
@@ -154,16 +156,49 @@ def test_plot_pipeline_draws_the_timeline_it_is_given():
         pv.schedule_timeline(ops, 2, 4)
 
 
-def test_live_pipeline_widget_redraws_on_the_sliders():
+def _view(live):
+    """The TimelineView inside a live widget, after checking its bundle: PNG, the widget view,
+    the data for the offline export and a description (never a repr)."""
+    bundle = live._repr_mimebundle_()
+    _png(bundle["image/png"])
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle[tv.MIMETYPE]["model"] == live.widget.model
+    assert "VBox" not in bundle["text/plain"] and "TimelineView(" not in bundle["text/plain"]
+    assert isinstance(live.widget, tv.TimelineView)
+    return live.widget
+
+
+@pytest.mark.parametrize("p,m,recompute", [(4, 8, False), (3, 5, True), (1, 2, False)])
+def test_pipeline_model_holds_every_pass_once_at_its_simulated_time(p, m, recompute):
+    model = tv.pipeline_model(p, m, t_forward=1.0, t_backward=2.5, recompute=recompute)
+    json.dumps(model)
+    assert [g["title"].split(":")[0] for g in model["groups"]] == ["GPipe", "1F1B"]
+    for g, name in zip(model["groups"], ("gpipe", "1f1b")):
+        _, timeline = pv.schedule_timeline(name, p, m, 1.0, 2.5, recompute)
+        bars = [b for b in model["bars"] if b[7].startswith(name + ":")]
+        drawn = {(b[0] - g["first"], b[5]): (b[2], b[3]) for b in bars}
+        assert len(drawn) == len(bars) == 2 * p * m                       # each pass once
+        assert drawn == {(s, f"{k}{j}"): span for (s, (k, j)), span in timeline.spans.items()}
+        assert f"bubble {timeline.bubble_fraction():.3f}" in g["title"]
+    keys = [b[7] for b in model["bars"]]
+    assert len(set(keys)) == len(keys)
+    assert json.dumps(model) == json.dumps(tv.pipeline_model(p, m, t_forward=1.0, t_backward=2.5,
+                                                              recompute=recompute))
+    assert model["t1"] == max(b[3] for b in model["bars"])
+
+
+def test_live_pipeline_widget_rebuilds_on_p_and_m():
     live = pv.pipeline_widget(4, 8, live=True)
-    _png(live._repr_mimebundle_()["image/png"])
-    p_slider, m_slider, recompute = live.widget.children[0].children
-    before = _image_of(live).value
-    m_slider.value = 2
-    assert _image_of(live).value != before
-    assert "0.600" in live.widget.children[1].value  # (4 - 1) / (2 + 4 - 1)
-    recompute.value = True
-    assert _png(_image_of(live).value)
+    view = _view(live)
+    assert [c["name"] for c in view.model["controls"]] == ["p", "m", "recompute"]
+    assert view.params == {"p": 4, "m": 8, "recompute": False}
+    assert len(view.model["bars"]) == 2 * 2 * 4 * 8
+    view.selected, view.cursor = "gpipe:s0:F0", 0.5
+    view.params = {"p": 4, "m": 2, "recompute": False}          # what the front end sends
+    assert len(view.model["bars"]) == 2 * 2 * 4 * 2 and "0.600" in view.model["caption"]
+    assert (view.selected, view.cursor) == ("", -1.0)           # the old selection is gone
+    view.params = {"p": 2, "m": 3, "recompute": True}
+    assert view.model == tv.pipeline_model(2, 3, recompute=True)
     assert isinstance(pv.pipeline_widget(live=False), plt.Figure)
 
 
@@ -203,13 +238,38 @@ def test_cluster_timeline_draws_each_lane_and_honours_the_window():
         ct.rank_summary([("compute", 0, 1)])
 
 
+def test_trace_model_holds_every_event_once_with_its_times():
+    res = _traced_run(4)
+    model = tv.trace_model(res)
+    json.dumps(model)
+    assert model["subs"] == list(ct.KINDS) and model["lanes"] == [f"rank {r}" for r in range(4)]
+    assert len(model["bars"]) == len(res.trace)
+    for b, e in zip(model["bars"], res.trace):                   # in trace order, times exact
+        assert (b[0], model["subs"][b[1]], b[2], b[3]) == (e.rank, e.kind, e.start, e.end)
+        if e.kind != "compute":
+            assert b[5] == f"{e.kind} {e.src}->{e.dst}, {e.bytes} B"
+    sends = [b for b in model["bars"] if model["subs"][b[1]] == "send"]
+    assert len(sends) == res.messages                            # every message once
+    assert json.dumps(model) == json.dumps(tv.trace_model(_traced_run(4)))
+    assert model["t1"] == max(e.end for e in res.trace) and "µs" in model["x_label"]
+    with pytest.raises(ArgumentError, match="not a sim.TraceEvent"):
+        tv.trace_model([("compute", 0, 1)])
+
+
 def test_live_cluster_timeline():
     res = _traced_run(4)
-    live = ct.timeline_widget(res, live=True)
-    _png(live._repr_mimebundle_()["image/png"])
-    window, ranks = live.widget.children[0].children
-    before = _image_of(live).value
-    ranks.value = (2, 3)
-    assert _image_of(live).value != before
-    assert live.widget.children[1].value.startswith("showing ranks 2-3")
+    live = ct.timeline_widget(res, title="four ranks", live=True)
+    view = _view(live)
+    assert view.model["title"] == "four ranks" and len(view.model["bars"]) == len(res.trace)
+    assert "4 ranks" in live.alt
     assert isinstance(ct.timeline_widget(res.trace, live=False), plt.Figure)
+
+
+def test_timeline_model_refuses_bad_bars():
+    style = [{"name": "x", "color": "#000"}]
+    with pytest.raises(ArgumentError, match="unique"):
+        tv.timeline_model("t", ["a"], [[0, 0, 0.0, 1.0, 0, "", "", "k"]] * 2, style)
+    with pytest.raises(ArgumentError, match="bad bar"):
+        tv.timeline_model("t", ["a"], [[1, 0, 0.0, 1.0, 0, "", "", "k"]], style)
+    with pytest.raises(ArgumentError, match="bad bar"):
+        tv.timeline_model("t", ["a"], [[0, 0, 2.0, 1.0, 0, "", "", "k"]], style)

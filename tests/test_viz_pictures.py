@@ -2,6 +2,7 @@
 tensors and values, charts fit their data (issue 17)."""
 
 import base64
+import json
 
 import matplotlib
 
@@ -131,3 +132,51 @@ def test_a_widget_without_a_picture_gets_a_description():
     bundle = box._repr_mimebundle_()
     assert bundle["text/plain"] == "calculator: 3 -> 9"
     assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_schedule_timeline_widget_holds_every_node_once_with_its_times():
+    from mlsys_lab.viz import timeline_view as tv
+    from mlsys_lab.viz.timeline import schedule_widget
+
+    g = ml.trace(lambda a, b: ml.ops.sin(a @ b) + ml.ops.cos(a @ b),
+                 np.ones((16, 16), np.float32), np.ones((16, 16), np.float32))
+    from mlsys_lab.engine.runtime import run_parallel
+
+    _, events = run_parallel(g, np.ones((16, 16), np.float32), np.ones((16, 16), np.float32),
+                             workers=2)                    # a measured two-worker schedule
+    assert len(events) == len(g.nodes)
+    live = schedule_widget(events, title="two workers", live=True)
+    bundle = live._repr_mimebundle_()
+    _check_bundle(bundle)
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert not any(p in bundle["text/plain"] for p in PLACEHOLDERS)
+    model = bundle[tv.MIMETYPE]["model"]
+    assert len(model["bars"]) == len(events)
+    for b, e in zip(model["bars"], events):                   # each event once, times exact
+        assert model["lanes"][b[0]] == f"{e.device}/{e.worker}"
+        assert (b[2], b[3], b[5]) == (e.start, e.end, e.node)
+        assert model["styles"][b[4]]["name"] == e.node.split("=")[-1].strip()
+    assert model["t0"] == min(e.start for e in events)
+    assert model["scale"] in (1.0, 1e-3, 1e-6, 1e-9) and model["unit"] in ("s", "ms", "µs", "ns")
+    assert json.dumps(model) == json.dumps(tv.schedule_model(events, "two workers"))
+    assert isinstance(schedule_widget(events, live=False), plt.Figure)
+    plt.close("all")
+
+
+def test_tex_becomes_svg_images_for_pages_without_mathjax():
+    from mlsys_lab.viz.math_picture import render_math, tex_svg
+
+    svg, width, height, depth = tex_svg(r"\frac{\partial L}{\partial W}")
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg and width > 0 and height > depth >= 0
+    assert tex_svg(r"\frac{\partial L}{\partial W}")[0] == svg          # deterministic
+    assert tex_svg(r"\text{Label}") is not None and tex_svg(r"\tfrac12") is not None
+    assert tex_svg(r"\begin{bmatrix}1&2\end{bmatrix}") is None          # beyond mathtext
+    text = ("Loss $L = \\sum_i y_i^2$ costs $5 and $10.\n\n$$a = b^2$$\n\n"
+            "`code $x$` and\n```\n$y$\n```\n$\\begin{bmatrix}1\\end{bmatrix}$")
+    out = render_math(text)
+    assert out.count('<img class="mlsys-math"') == 2
+    assert 'alt="L = \\sum_i y_i^2"' in out and 'alt="a = b^2"' in out
+    assert "display:block" in out.split('alt="a = b^2"')[1].split(">")[0]
+    assert "costs $5 and $10." in out and "`code $x$`" in out and "```\n$y$\n```" in out
+    assert "$\\begin{bmatrix}1\\end{bmatrix}$" in out                  # left as TeX source
+    assert render_math("no math here") == "no math here"

@@ -1,10 +1,13 @@
 """``mlsys-lab export``: every chapter as a self-contained HTML page, readable offline.
 
 Pages are nbconvert's JupyterLab layout with nothing loaded from the network (no require.js,
-MathJax or widget manager from a CDN). Outputs of the package's explorer widgets become the
-live explorer again (its JavaScript, ``mlsys_lab/viz/static/explorer.js``, is inlined in the page
-and runs from the data saved in the output); other widget outputs show the static picture their
-bundle carries. A start page ``index.html`` lists the chapters with the book's names.
+MathJax or widget manager from a CDN). Outputs of the package's explorer and timeline widgets
+become live views again (their JavaScript, ``mlsys_lab/viz/static/explorer.js`` and
+``timeline.js``, is inlined in the page and runs from the data saved in the output; a timeline's
+controls that need the kernel, such as the pipeline's ``p`` and ``m``, are disabled there); other
+widget outputs show the static picture their bundle carries. TeX in Markdown cells is drawn as
+SVG images by matplotlib's mathtext (a formula it cannot draw stays as source). A start page
+``index.html`` lists the chapters with the book's names.
 """
 
 from __future__ import annotations
@@ -16,40 +19,59 @@ from pathlib import Path
 import nbformat
 
 from ..viz.explorer_view import MIMETYPE, STATIC
+from ..viz.math_picture import render_math
+from ..viz.timeline_view import MIMETYPE as TIMELINE_MIMETYPE
 from .catalogue import PART_PAGES, chapters, project_root
 
 __all__ = ["export_notebook", "export_site", "offline_notebook"]
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 TEMPLATES = Path(__file__).with_name("templates")
-
+# The widgets' ES modules, each run in its own scope as window.<global>.
+MODULES = (("explorer.js", "__mlsysExplorer"), ("timeline.js", "__mlsysTimeline"))
 
 
 def _explorer_js() -> str:
-    source = (STATIC / "explorer.js").read_text(encoding="utf-8")
-    if "export default" not in source:
-        raise ValueError("explorer.js must end with `export default { render }`")
-    boot = (STATIC / "offline_boot.js").read_text(encoding="utf-8")
-    return source.replace("export default", "window.__mlsysExplorer =") + "\n" + boot
+    parts = []
+    for name, handle in MODULES:
+        source = (STATIC / name).read_text(encoding="utf-8")
+        if "export default" not in source:
+            raise ValueError(f"{name} must end with `export default {{ render }}`")
+        parts.append("(function () {\n" + source.replace("export default", f"window.{handle} =")
+                     + "\n})();")
+    parts.append((STATIC / "offline_boot.js").read_text(encoding="utf-8"))
+    return "\n".join(parts)
 
 
-def _explorer_html(state: dict) -> str:
+def _widget_css() -> str:
+    return "\n".join((STATIC / name).read_text(encoding="utf-8")
+                     for name in ("explorer.css", "timeline.css"))
+
+
+def _explorer_html(state: dict, kind: str = "explorer") -> str:
     payload = json.dumps(state, ensure_ascii=False).replace("</", "<\\/")
-    return (f'<div class="mlsys-explorer-offline"><script type="application/json">{payload}'
-            "</script><p>(the explorer needs JavaScript)</p></div>")
+    return (f'<div class="mlsys-{kind}-offline"><script type="application/json">{payload}'
+            f"</script><p>(the {kind} needs JavaScript)</p></div>")
 
 
 def offline_notebook(nb) -> nbformat.NotebookNode:
-    """A copy of ``nb`` whose widget outputs render without a kernel or a widget manager."""
+    """A copy of ``nb`` whose widget outputs render without a kernel or a widget manager and whose
+    Markdown formulas are SVG images (:func:`~mlsys_lab.viz.math_picture.render_math`)."""
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
+        if cell.cell_type == "markdown":      # no MathJax offline: formulas become SVG images
+            cell.source = render_math(cell.source)
         for out in cell.get("outputs", []):
             data = out.get("data")
             if not data:
                 continue
             if MIMETYPE in data:
                 out["data"] = {"text/html": _explorer_html(data[MIMETYPE]),
+                               "text/plain": data.get("text/plain", "")}
+            elif TIMELINE_MIMETYPE in data:
+                state = dict(data[TIMELINE_MIMETYPE], offline=True)
+                out["data"] = {"text/html": _explorer_html(state, "timeline"),
                                "text/plain": data.get("text/plain", "")}
             elif WIDGET_VIEW in data:
                 del data[WIDGET_VIEW]
@@ -63,7 +85,7 @@ def export_notebook(nb, title: str) -> str:
     exporter = HTMLExporter(template_name="mlsys_offline",
                             extra_template_basedirs=[str(TEMPLATES)])
     resources = {"metadata": {"name": title}, "mlsys_js": _explorer_js(),
-                 "mlsys_css": (STATIC / "explorer.css").read_text(encoding="utf-8")}
+                 "mlsys_css": _widget_css()}
     body, _ = exporter.from_notebook_node(offline_notebook(nb), resources=resources)
     return body
 

@@ -1,5 +1,6 @@
 """Pictures of what the framework does: graphs, schedules, memory lifetimes, collectives,
-pipeline schedules and cluster timelines, and the linked graph/memory explorer. Every picture's
+pipeline schedules and cluster timelines (interactive timelines on the explorer's machinery),
+and the linked graph/memory explorer. Every picture's
 display bundle carries a PNG, so it shows on GitHub and in an untrusted notebook too."""
 
 from .cluster_timeline import plot_cluster_timeline, rank_summary, timeline_widget
@@ -10,10 +11,12 @@ from .memory_view import compare_table, memory_widget, plot_lifetimes
 from .picture import Picture
 from .pipeline_view import pipeline_widget, plot_pipeline
 from .stepper import graph_stepper, live_at, show_step
-from .timeline import plot_timeline
+from .timeline import plot_timeline, schedule_widget
+from .timeline_view import pipeline_model, schedule_model, timeline_model, trace_model
 
 __all__ = ["show_graph", "draw_matplotlib", "has_dot", "plot_timeline", "plot_lifetimes",
            "memory_widget", "compare_table", "graph_stepper", "show_step", "live_at",
            "collective_stepper", "plot_ring_step", "ring_allreduce_steps", "pipeline_widget",
            "plot_pipeline", "plot_cluster_timeline", "rank_summary", "timeline_widget",
-           "explorer", "explorer_model", "graph_explorer", "memory_explorer", "Picture"]
+           "explorer", "explorer_model", "graph_explorer", "memory_explorer", "Picture",
+           "schedule_widget", "timeline_model", "schedule_model", "pipeline_model", "trace_model"]

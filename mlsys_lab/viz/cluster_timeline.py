@@ -4,7 +4,7 @@ Each rank gets one row with three thin lanes: ``compute`` (its ``comm.compute`` 
 (a transfer from its start on the link to its arrival) and ``recv`` (from posting the receive to
 its completion, so waiting for a late sender shows as a long bar). :func:`rank_summary` adds the
 lanes up per rank; :func:`plot_cluster_timeline` draws them (the static picture);
-:func:`timeline_widget` adds a time window and a rank range in a live notebook.
+:func:`timeline_widget` is the interactive view (hover, time cursor, zoom) in a live notebook.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from ..errors import ArgumentError
-from .collective_view import WidgetWithStatic, image_widget, png_bytes, want_live
+from .collective_view import png_bytes, want_live
 
 __all__ = ["KINDS", "plot_cluster_timeline", "rank_summary", "static", "timeline_widget"]
 
@@ -112,31 +112,22 @@ static = plot_cluster_timeline
 
 
 def timeline_widget(trace, title=None, live=None):
-    """A time window and a rank range over :func:`plot_cluster_timeline`.
+    """The cluster timeline as an interactive view: hover a bar for the compute or message
+    (ranks, bytes, link), click for the time cursor, wheel to zoom in time, drag to pan.
 
-    In a live notebook (or with ``live=True``) returns a :class:`WidgetWithStatic` whose static
-    picture is the whole run; elsewhere returns that Figure.
+    In a live notebook (or with ``live=True``) returns a
+    :class:`~mlsys_lab.viz.picture.WidgetWithStatic` holding a
+    :class:`~mlsys_lab.viz.timeline_view.TimelineView` whose static picture is the whole run;
+    elsewhere returns that Figure.
     """
     events = _events(trace)
     if not want_live(live):
         return plot_cluster_timeline(events, title=title)
-    import ipywidgets
+    from .picture import Picture
+    from .timeline_view import timeline_view, trace_model
 
-    p = 1 + max((e.rank for e in events), default=0)
-    end = max((e.end for e in events), default=0.0) or 1e-9
-    controls = {
-        "window": ipywidgets.FloatRangeSlider(min=0.0, max=1.0, step=0.01, value=(0.0, 1.0),
-                                              description="time", readout_format=".2f"),
-        "ranks": ipywidgets.IntRangeSlider(min=0, max=p - 1, value=(0, min(p - 1, 31)),
-                                           description="ranks"),
-    }
-
-    def render(window, ranks):
-        return png_bytes(plot_cluster_timeline(events, ranks=ranks, title=title,
-                                               window=(window[0] * end, window[1] * end)))
-
-    def caption(window, ranks):
-        return f"showing ranks {ranks[0]}-{ranks[1]}, {window[0]:.0%}-{window[1]:.0%} of the run"
-
-    return WidgetWithStatic(image_widget(controls, render, caption),
-                            png_bytes(plot_cluster_timeline(events, title=title)))
+    model = trace_model(events, title)
+    picture = Picture(png_bytes(plot_cluster_timeline(events, title=title)),
+                      alt=f"cluster timeline, {len(model['lanes'])} ranks, {len(events)} events "
+                          "(interactive; run the cell to hover and zoom)")
+    return timeline_view(model, picture)

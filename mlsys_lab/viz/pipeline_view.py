@@ -5,7 +5,8 @@
 backward bars dark, one colour per micro-batch, idle time left blank. :func:`static` puts the
 schedules side by side for given ``p`` and ``m`` with their bubble fraction next to the standard
 result ``(p - 1) / (m + p - 1)`` and the micro-batches each stage keeps in flight;
-:func:`pipeline_widget` adds ``p`` and ``m`` sliders in a live notebook.
+:func:`pipeline_widget` is the interactive timeline of both, with ``p`` and ``m`` sliders, in a
+live notebook.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from matplotlib.colors import to_rgb
 
 from ..distributed import pipeline_parallel as pp
 from ..errors import ArgumentError
-from .collective_view import WidgetWithStatic, image_widget, png_bytes, want_live
+from .collective_view import png_bytes, want_live
 
 __all__ = ["pipeline_widget", "plot_pipeline", "schedule_timeline", "static"]
 
@@ -91,26 +92,26 @@ def static(p=4, m=8, schedules=("gpipe", "1f1b"), t_forward=1.0, t_backward=2.0,
 
 
 def pipeline_widget(p=4, m=8, t_forward=1.0, t_backward=2.0, live=None):
-    """Sliders for ``p`` and ``m`` and a recomputation switch over :func:`static`.
+    """The GPipe and 1F1B schedules as an interactive timeline with ``p`` and ``m`` sliders and a
+    recomputation switch (hover a bar: which stage, pass and micro-batch; click: select it and
+    see what else runs then).
 
-    In a live notebook (or with ``live=True``) returns a :class:`WidgetWithStatic`, elsewhere
-    the static Figure for the given ``p`` and ``m``.
+    In a live notebook (or with ``live=True``) returns a
+    :class:`~mlsys_lab.viz.picture.WidgetWithStatic` holding a
+    :class:`~mlsys_lab.viz.timeline_view.TimelineView` (its PNG: :func:`static` for the given
+    ``p`` and ``m``), elsewhere the static Figure.
     """
     if not want_live(live):
         return static(p, m, t_forward=t_forward, t_backward=t_backward)
-    import ipywidgets
+    from .picture import Picture
+    from .timeline_view import pipeline_model, timeline_view
 
-    controls = {"p": ipywidgets.IntSlider(min=1, max=8, value=p, description="p (stages)"),
-                "m": ipywidgets.IntSlider(min=1, max=16, value=m, description="m (micro)"),
-                "recompute": ipywidgets.Checkbox(value=False, description="recompute")}
+    def rebuild(p=p, m=m, recompute=False):
+        return pipeline_model(p, m, t_forward=t_forward, t_backward=t_backward,
+                              recompute=recompute)
 
-    def render(p, m, recompute):
-        return png_bytes(static(p, m, t_forward=t_forward, t_backward=t_backward,
-                                recompute=recompute))
-
-    def caption(p, m, recompute):
-        return (f"standard bubble (p-1)/(m+p-1) = {pp.bubble_fraction_standard(p, m):.3f}; "
-                f"in flight: GPipe {m} per stage, 1F1B min(p - s, m)")
-
-    return WidgetWithStatic(image_widget(controls, render, caption),
-                            png_bytes(static(p, m, t_forward=t_forward, t_backward=t_backward)))
+    picture = Picture(png_bytes(static(p, m, t_forward=t_forward, t_backward=t_backward)),
+                      alt=f"pipeline schedules GPipe and 1F1B, p = {p}, m = {m} (interactive "
+                          "timeline; run the cell for the p and m sliders)")
+    return timeline_view(rebuild(), picture, rebuild,
+                         params={"p": p, "m": m, "recompute": False})

@@ -1,4 +1,7 @@
-"""Schedule timeline (Gantt chart): one row per device/worker, one bar per executed node."""
+"""Schedule timeline (Gantt chart): one row per device/worker, one bar per executed node.
+
+:func:`plot_timeline` draws the static picture; :func:`schedule_widget` is its interactive form
+(:mod:`mlsys_lab.viz.timeline_view`)."""
 
 import zlib
 
@@ -52,3 +55,25 @@ def plot_timeline(timeline, ax=None, title=None):
                   loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig
+
+
+def schedule_widget(timeline, title=None, live=None):
+    """``timeline`` as an interactive view: hover a bar for the node and its times, click a bar
+    or the background for the time cursor (the nodes running then are outlined), wheel to zoom.
+
+    In a live notebook (or with ``live=True``) returns a
+    :class:`~mlsys_lab.viz.picture.WidgetWithStatic` holding a
+    :class:`~mlsys_lab.viz.timeline_view.TimelineView` (its PNG: :func:`plot_timeline`'s
+    picture); elsewhere that Figure."""
+    from .collective_view import want_live
+    from .picture import Picture, png_bytes
+    from .timeline_view import schedule_model, timeline_view
+
+    events = list(timeline)
+    if not want_live(live):
+        return plot_timeline(events, title=title)
+    lanes = len({(e.device, e.worker) for e in events})
+    picture = Picture(png_bytes(plot_timeline(events, title=title)),
+                      alt=f"{title or 'schedule timeline'}: {len(events)} nodes on {lanes} "
+                          "lane(s) (interactive; run the cell to hover and zoom)")
+    return timeline_view(schedule_model(events, title), picture)

@@ -1,5 +1,5 @@
-// Offline pages (mlsys-lab export): run explorer.js on each saved state, with a stand-in for
-// the widget model.
+// Offline pages (mlsys-lab export): run explorer.js / timeline.js on each saved state, with a
+// stand-in for the widget model.
 (function () {
   function standIn(state) {
     var handlers = {};
@@ -12,12 +12,15 @@
     };
   }
   function boot() {
-    document.querySelectorAll("div.mlsys-explorer-offline").forEach(function (div) {
-      var state = JSON.parse(div.querySelector("script[type='application/json']").textContent);
-      var host = document.createElement("div");
-      div.innerHTML = "";
-      div.appendChild(host);
-      window.__mlsysExplorer.render({ model: standIn(state), el: host });
+    [["div.mlsys-explorer-offline", window.__mlsysExplorer],
+     ["div.mlsys-timeline-offline", window.__mlsysTimeline]].forEach(function (pair) {
+      document.querySelectorAll(pair[0]).forEach(function (div) {
+        var state = JSON.parse(div.querySelector("script[type='application/json']").textContent);
+        var host = document.createElement("div");
+        div.innerHTML = "";
+        div.appendChild(host);
+        pair[1].render({ model: standIn(state), el: host });
+      });
     });
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", boot);
