@@ -1,6 +1,6 @@
 """Model deployment (book ch. 10), side by side in one run:
 
-    python benchmarks/deploy.py [--quick] [--targets native haswell] [--all]
+    python benchmarks/deploy.py [--quick] [--targets native haswell] [--sections 1 2 3] [--all]
 
 1. The chapter's CNN (conv-BN-ReLU-pool x 2, dropout, linear) and MLP 64-64-64-10, trained on
    digits, exported to ONNX at batch 1 and 32: onnxruntime vs mlsys_lab's compiled executor on
@@ -108,6 +108,8 @@ def main():
                         choices=sorted(TARGET_ENV))
     parser.add_argument("--all", action="store_true",
                         help="also the compression sections and the light ONNX zoo")
+    parser.add_argument("--sections", nargs="+", type=int, default=[1, 2, 3], choices=[1, 2, 3],
+                        help="which numbered sections to run (default all three)")
     parser.add_argument("--kernels-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import deploy_compress as DC  # noqa: E402 - the sibling script
@@ -121,13 +123,17 @@ def main():
         xtr, ytr, xte, _ = digits(flat=False)
         c = trained(cnn(), xtr, ytr, epochs=2)
         m = trained(mlp(), xtr.reshape(len(xtr), -1), ytr, epochs=5)
-        models_section({"CNN (chapter) 1x8x8": (c, (1, 8, 8)), "MLP 64-64-64-10": (m, (64,))},
-                       max(rounds, 10) if not args.quick else 5)
-    run_kernel_targets(args.targets, args.quick)
+        if 1 in args.sections:
+            models_section({"CNN (chapter) 1x8x8": (c, (1, 8, 8)),
+                            "MLP 64-64-64-10": (m, (64,))},
+                           max(rounds, 10) if not args.quick else 5)
+    if 2 in args.sections:
+        run_kernel_targets(args.targets, args.quick)
     numba.set_num_threads(1)
     with threadpool_limits(1):
-        DC.bn_section(c, xte[:32], rounds, title="== 3. BN folding: the chapter CNN, batch 32, "
-                                                 "compiled (default pipeline) ==")
+        if 3 in args.sections:
+            DC.bn_section(c, xte[:32], rounds, title="== 3. BN folding: the chapter CNN, batch "
+                                                     "32, compiled (default pipeline) ==")
     if args.all:
         print("\n==== the sections of benchmarks/deploy_compress.py (numbered as there) ====")
         DC.compression_sections(args.quick, rounds)

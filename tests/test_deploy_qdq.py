@@ -88,3 +88,50 @@ def test_qat_model_exports_as_qdq_and_matches_onnxruntime():
     theirs = _session(model, True).run(None, {model.graph.input[0].name: x})[0]
     ours = P.run_numpy(qdq, x)[0]
     assert np.abs(theirs - ours).max() <= _output_step(qdq) * 1.001
+
+
+@pytest.mark.parametrize("make, shape", [(_mlp, (16, 64)), (_cnn, (4, 1, 8, 8))])
+def test_exported_qdq_model_imports_back_and_runs_as_onnxruntime_does(make, shape):
+    from mlsys_lab.deploy import import_onnx
+
+    x = np.random.default_rng(4).uniform(0, 1, shape).astype(np.float32)
+    qdq = _ptq(make().eval(), x, seed=5, per_channel=True)
+    model = export_onnx(qdq, (x,))
+    back = import_onnx(model)
+    ops = [n.op for n in back.nodes]
+    assert ops.count("quantize_linear") >= 2 and ops.count("dequantize_linear") >= 4
+    assert any(v.dtype == np.int8 for v in back.consts)   # the int8 weights, kept as int8
+    step = _output_step(qdq)
+    theirs = _session(model, False).run(None, {model.graph.input[0].name: x})[0]
+    for got in (P.run_numpy(back, x)[0], np.asarray(ml.compile(back, x)(x, profile=False))):
+        assert got.shape == theirs.shape
+        assert np.abs(got - theirs).max() <= step * 1.001
+    assert np.abs(theirs).max() > 10 * step  # not a model that outputs ~0 everywhere
+
+
+def test_qdq_import_without_zero_points_and_with_an_axis():
+    """ONNX lets QuantizeLinear / DequantizeLinear leave out the zero point (uint8 0 for
+    QuantizeLinear); a per-channel DequantizeLinear takes ``axis``."""
+    from onnx import TensorProto, helper
+
+    from mlsys_lab.deploy import import_onnx
+
+    rng = np.random.default_rng(6)
+    w = rng.integers(-128, 128, (3, 4)).astype(np.int8)
+    ws = np.array([0.5, 0.25, 0.125], np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(ws, "ws"),
+             numpy_helper.from_array(np.float32(0.05), "s")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=0),
+             helper.make_node("Add", ["xd", "wd"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [3, 4])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [3, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = rng.uniform(-1, 14, (3, 4)).astype(np.float32)  # some below 0: uint8 saturates them
+    theirs = _session(model, False).run(None, {"x": x})[0]
+    want = np.clip(np.rint(x / 0.05), 0, 255) * 0.05 + w * ws[:, None]
+    np.testing.assert_allclose(theirs, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(P.run_numpy(import_onnx(model), x)[0], theirs, rtol=1e-6,
+                               atol=1e-6)

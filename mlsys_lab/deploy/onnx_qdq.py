@@ -4,12 +4,16 @@ even, saturate to the zero point's type, a 1-D scale quantises per channel along
 that a graph from :func:`~.quantize.quantize_static` (PTQ) or :func:`~.quantize.qat_to_qdq`
 (QAT) is written as a QDQ model that onnxruntime runs.
 
-Only export is mapped: mlsys_lab's Tensor dtypes have no int8 (:mod:`~mlsys_lab.engine.dtypes`),
-so an imported QDQ model could not bind its int8 initializers; ``fake_quant`` (QAT's training
-op) has no ONNX form and is converted with :func:`~.quantize.fake_quant_to_qdq` first.
+Both import back: an ONNX QuantizeLinear / DequantizeLinear becomes the registry op, with the
+zero point ONNX lets a model leave out made a constant 0 (uint8 for QuantizeLinear, the
+input's dtype for DequantizeLinear). ``fake_quant`` (QAT's training op) has no ONNX form and
+is converted with :func:`~.quantize.fake_quant_to_qdq` first.
 """
 
+import numpy as np
+
 from . import quantize  # noqa: F401 - defines the two ops on the registry
+from .onnx_mapping import OnnxImport
 from .onnx_ops import register_onnx
 
 
@@ -24,6 +28,19 @@ def _ex_qdq(onnx_type):
     return export
 
 
-register_onnx("quantize_linear", export=_ex_qdq("QuantizeLinear"), writes=("QuantizeLinear",))
+def _im_qdq(op_name):
+    def convert(ctx, node, a):
+        x, scale, zero_point = (ctx.input(node, i) for i in range(3))
+        if zero_point is None:
+            dtype = np.uint8 if op_name == "quantize_linear" else x.dtype
+            zero_point = ctx.constant(np.zeros(scale.shape, dtype))
+        return [ctx.emit(op_name, x, scale, zero_point, axis=int(a.get("axis", 1)))]
+    return convert
+
+
+register_onnx("quantize_linear", export=_ex_qdq("QuantizeLinear"), writes=("QuantizeLinear",),
+              imports=(OnnxImport("QuantizeLinear", _im_qdq("quantize_linear"), ("axis",)),))
 register_onnx("dequantize_linear", export=_ex_qdq("DequantizeLinear"),
-              writes=("DequantizeLinear",))
+              writes=("DequantizeLinear",),
+              imports=(OnnxImport("DequantizeLinear", _im_qdq("dequantize_linear"),
+                                  ("axis",)),))

@@ -7,9 +7,9 @@ broadcast_to) produce numpy views of their input instead of copies, and keep tha
 """
 
 import builtins
-import contextlib
 import functools
 import inspect
+import time
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from .graph import check_input
 from .interpreter import error_cause, node_error
 from .pytree import flatten, unflatten
 from .registry import REGISTRY, get
-from .runtime import TimedInterpreter, Timeline, as_input
+from .runtime import Event, Timeline, as_input
 from .selection import device as find_device
 from .selection import explain_selection, makes_view, select
 from .trace import static_key, static_positions, trace
@@ -50,7 +50,8 @@ class Executable:
 
     ``source_graph`` (as traced), ``stages`` (each pass's output), ``graph`` (optimised and
     annotated with kernels), ``lifetimes``, ``plan`` (MemoryPlan), ``code`` (the generated
-    Python), ``timeline`` (last profiled run).
+    Python; ``timed_code`` is the profiled run's version, a clock read around each call),
+    ``timeline`` (last profiled run).
     """
 
     def __init__(self, f, *example_args, passes="default", device="cpu", fallback=("cpu",),
@@ -83,6 +84,11 @@ class Executable:
         self.arena = self._allocate_arena()
         self._build()
         self.timeline = Timeline()
+        self._out_tree = self.source_graph.out_tree
+        # __call__'s fast path: no static arguments and each argument one graph input (no
+        # nesting), so a call with numpy arrays only needs no flattening.
+        self._plain_args = not self._static and len(example_args) == len(g.inputs) and not any(
+            isinstance(a, (tuple, list, dict)) for a in example_args)
         self.thread_limits = (pool_coordination(g) if thread_setting == "coordinate"
                               else thread_setting)
 
@@ -202,15 +208,19 @@ class Executable:
             self._steps.append((n, is_view, kernel.out_fn, o, ins, n.attrs))
         self._env = env
         self._input_slots = [self._slot[v] for v in g.inputs]
+        self._input_specs = [(v, self._slot[v], tuple(v.shape), np.dtype(v.dtype))
+                             for v in g.inputs]
         self._output_slots = [self._slot[v] for v in g.outputs]
         self._donated_slots = [(self._slot[d], self._slot[s]) for d, s in self.donated.items()]
-        self._run = self._codegen()
+        self._codegen()
 
     def _codegen(self):
         """Generate straight-line Python for the schedule (like torch.fx's code generation):
         one call per node with its buffers bound in advance, no per-node interpretation.
-        The source is kept in ``self.code`` for reading."""
-        g, static = self.graph, {}
+        The source is kept in ``self.code`` for reading. A second function, ``run_timed``,
+        is the same code with a clock read around each call (the profiled run); it is kept in
+        ``self.timed_code``."""
+        g, static = self.graph, {"clock": time.perf_counter}
         fixed = {self._slot[v] for v in g.consts} | {
             self._slot[n.outputs[0]] for n in self.order
             if get(n.op).view is None and n.outputs[0] not in self.donated}
@@ -221,29 +231,70 @@ class Executable:
                 return f"b{i}"
             return f"t{i}"
 
-        lines, self._line_node = ["def run(env):"], {}
-        lines += [f"    t{self._slot[v]} = env[{self._slot[v]}]"
-                  for v in list(g.inputs) + list(self.donated)]
-        for k, (n, is_view, fn, o, ins, attrs) in enumerate(self._steps):
-            static[f"k{k}"] = functools.partial(fn, **attrs) if attrs else fn
-            args = ", ".join(name(i) for i in ins)
-            call = f"k{k}({args})" if is_view else f"k{k}({name(o)}, {args})"
-            lines.append(f"    {name(o)} = {call}" if is_view else f"    {call}")
-            lines[-1] += f"  # #{n.id} {n.outputs[0].name} = {n.op}"
-            self._line_node[len(lines)] = n
-        lines += [f"    env[{self._slot[v]}] = t{self._slot[v]}" for v in g.outputs
-                  if self._slot[v] not in fixed]
-        lines.append("    return None")  # a body even when nothing is left to run
-        self.code = "\n".join(lines)
+        def body(timed):
+            lines, line_node = ["def run_timed(env, ts):" if timed else "def run(env):"], {}
+            lines += [f"    t{self._slot[v]} = env[{self._slot[v]}]"
+                      for v in list(g.inputs) + list(self.donated)]
+            for k, (n, is_view, fn, o, ins, attrs) in enumerate(self._steps):
+                static[f"k{k}"] = functools.partial(fn, **attrs) if attrs else fn
+                args = ", ".join(name(i) for i in ins)
+                call = f"k{k}({args})" if is_view else f"k{k}({name(o)}, {args})"
+                if timed:
+                    lines.append(f"    ts[{2 * k}] = clock()")
+                lines.append(f"    {name(o)} = {call}" if is_view else f"    {call}")
+                lines[-1] += f"  # #{n.id} {n.outputs[0].name} = {n.op}"
+                line_node[len(lines)] = n
+                if timed:
+                    lines.append(f"    ts[{2 * k + 1}] = clock()")
+            lines += [f"    env[{self._slot[v]}] = t{self._slot[v]}" for v in g.outputs
+                      if self._slot[v] not in fixed]
+            lines.append("    return None")  # a body even when nothing is left to run
+            return "\n".join(lines), line_node
+
+        self.code, self._line_node = body(False)
+        self.timed_code, timed_lines = body(True)
         exec(builtins.compile(self.code, f"<compiled {g.name}>", "exec"), static)
-        return static["run"]
+        exec(builtins.compile(self.timed_code, f"<compiled {g.name} (timed)>", "exec"), static)
+        self._run, self._run_timed = static["run"], static["run_timed"]
+        self._lines_of = {self._run.__code__: self._line_node,
+                          self._run_timed.__code__: timed_lines}
+        self._times = [0.0] * (2 * len(self._steps))
+        # What each node's Event is labelled with, worked out once (the Events themselves are
+        # built when ``timeline`` is read, so a profiled call only reads the clock).
+        self._event_labels = [(n, n.meta.get("device", "cpu")) for n, *_ in self._steps]
+
+    @property
+    def timeline(self):
+        """The :class:`~mlsys_lab.engine.runtime.Timeline` of the last profiled call (one
+        Event per node, on the node's device, worker ``stream0``); empty before one."""
+        if self._timeline is None:
+            self._timeline = Timeline(self._events())
+        return self._timeline
+
+    def _events(self):
+        ts = self._times
+        return [Event.of(n, device, "stream0", ts[2 * k], ts[2 * k + 1])
+                for k, (n, device) in enumerate(self._event_labels)]
+
+    @timeline.setter
+    def timeline(self, value):
+        self._timeline = value
 
     def __call__(self, *args, out=None, profile=True):
         """Run on new inputs (same shapes/dtypes as the examples). ``out`` optionally lists
         arrays to write the outputs into (e.g. parameters updated in place)."""
-        flat, _ = flatten([a for i, a in enumerate(args) if i not in self._static])
+        flat = args  # the fast path: arrays in the graph's input order, nothing to flatten
+        if self._plain_args and len(args) == len(self._input_slots):
+            for a in args:
+                if type(a) is not np.ndarray:
+                    flat = None
+                    break
+        else:
+            flat = None
+        if flat is None:
+            flat, _ = flatten([a for i, a in enumerate(args) if i not in self._static])
         results = self.call_flat(flat, out, profile)
-        tree = self.source_graph.out_tree
+        tree = self._out_tree
         if tree == "auto":
             return results[0] if len(results) == 1 else tuple(results)
         return unflatten(tree, results)
@@ -254,14 +305,15 @@ class Executable:
         given as a read-only array is copied (donation lets the output reuse the buffer; it
         never obliges it), and a read-only ``out`` array is refused."""
         g, env = self.graph, self._env
-        if len(flat) != len(g.inputs):
+        if len(flat) != len(self._input_slots):
             raise GraphError(f"{g.name}: expects {len(g.inputs)} inputs, got {len(flat)}")
         if out is not None:
             self._check_out(out)
-        for v, slot, a in zip(g.inputs, self._input_slots, flat):
+        for (v, slot, shape, dtype), a in zip(self._input_specs, flat):
             if type(a) is not np.ndarray:
                 a = as_input(a, v.dtype, f"{g.name}: input {v.name}")
-            check_input(g.name, v, a.shape, a.dtype)
+            if a.shape != shape or a.dtype != dtype:
+                check_input(g.name, v, a.shape, a.dtype)  # raises, naming the input
             env[slot] = a
         for dst, src in self._donated_slots:
             a = env[src]
@@ -269,23 +321,15 @@ class Executable:
                 a = env[src] = a.copy()
             env[dst] = a
         limits = self.thread_limits
-        with thread_pools.limit_threads(**limits) if limits else _NO_LIMIT:
-            if profile:
-                interp = ArenaInterpreter(self)
-                interp.run_slots(env)
-                self.timeline = interp.timeline
-            else:
-                try:
-                    self._run(env)
-                except Exception as e:
-                    node = self._failed_node(e.__traceback__)
-                    if node is not None:
-                        raise node_error(e, node) from error_cause(e)
-                    if isinstance(e, MLSysError):
-                        raise
-                    raise OpError(f"compiled run failed: {type(e).__name__}: {e}") from e
+        if limits:
+            with thread_pools.limit_threads(**limits):
+                self._execute(env, profile)
+        else:
+            self._execute(env, profile)
+        if out is None:
+            return [np.array(env[slot], copy=True) for slot in self._output_slots]
         results = []
-        for slot, dst in zip(self._output_slots, out or [None] * len(self._output_slots)):
+        for slot, dst in zip(self._output_slots, out):
             val = env[slot]
             if dst is None:
                 results.append(np.array(val, copy=True))
@@ -294,6 +338,26 @@ class Executable:
                 np.copyto(dst, val)
             results.append(dst)
         return results
+
+    def _execute(self, env, profile):
+        """Run the generated code on ``env`` (the timed version when ``profile``); a failure
+        is raised naming the node whose line raised it."""
+        try:
+            if profile:
+                self._timeline = None
+                self._run_timed(env, self._times)
+            else:
+                self._run(env)
+        except Exception as e:
+            node = self._failed_node(e.__traceback__)
+            if profile:  # the timeline of a failed run: the nodes that finished before it
+                done = self.order.index(node) if node is not None else 0
+                self._timeline = Timeline(self._events()[:done])
+            if node is not None:
+                raise node_error(e, node) from error_cause(e)
+            if isinstance(e, MLSysError):
+                raise
+            raise OpError(f"compiled run failed: {type(e).__name__}: {e}") from e
 
     def _check_out(self, out):
         outs = self.graph.outputs
@@ -316,8 +380,9 @@ class Executable:
         nothing runs twice: a rerun would apply in-place parameter updates again)."""
         node = None
         while tb is not None:
-            if tb.tb_frame.f_code is self._run.__code__:
-                node = self._line_node.get(tb.tb_lineno)
+            lines = self._lines_of.get(tb.tb_frame.f_code)
+            if lines is not None:
+                node = lines.get(tb.tb_lineno)
             tb = tb.tb_next
         return node
 
@@ -337,7 +402,6 @@ class Executable:
         return "\n".join(lines)
 
 
-_NO_LIMIT = contextlib.nullcontext()
 _BLAS_MARKS = ("matmul", "gemm", "cblas")  # kernel names that call numpy's BLAS
 
 
@@ -365,38 +429,6 @@ def pool_coordination(graph):
     blas = any(n.meta.get("device") == "cpu" and n.meta.get("kernel") is not None
                and any(m in n.meta["kernel"].name for m in _BLAS_MARKS) for n in graph.nodes)
     return {"blas": 1} if "cpu-numba" in devices and blas else None
-
-
-class ArenaInterpreter(TimedInterpreter):
-    """The profiled run (``profile=True``) of an :class:`Executable`: the one Interpreter's loop
-    over the compiled schedule, each node calling the kernel selection chose for it into its
-    planned arena view. Nothing is freed (the arena is the memory) and each node gets one
-    timeline event; errors name the node as every interpreter does."""
-
-    def __init__(self, exe):
-        super().__init__(exe.graph, device=None, worker="stream0", free=False)
-        self.exe = exe
-
-    def schedule(self):
-        return self.exe.order
-
-    def run_node(self, node, args):
-        kernel = node.meta["kernel"]
-        if makes_view(node):
-            return kernel.out_fn(*args, **node.attrs)
-        out = self.env[id(node.outputs[0])]
-        kernel.out_fn(out, *args, **node.attrs)
-        return out
-
-    def run_slots(self, slots):
-        """Run on the executable's slot list (inputs bound, arena views in place) and leave
-        the outputs in their slots, as the generated code does."""
-        exe = self.exe
-        self.env = {id(v): slots[i] for v, i in exe._slot.items()}
-        for node in self.schedule():
-            self.step(node)
-        for v in exe.graph.outputs:
-            slots[exe._slot[v]] = self.env[id(v)]
 
 
 #: The keyword options ``ml.compile`` accepts (those of :class:`Executable`).

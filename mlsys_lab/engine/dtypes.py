@@ -1,10 +1,16 @@
-"""Dtypes: the ones mlsys_lab supports, their short names, and how binary ops promote them."""
+"""Dtypes: the ones mlsys_lab supports, their short names, and how binary ops promote them.
+
+``int8`` is supported for quantised data (QDQ models: int8 weights, :mod:`mlsys_lab.deploy
+.quantize`). It promotes as in PyTorch and numpy except that there is no int16: ``int8`` with
+``uint8`` gives ``int32``, the smallest supported dtype holding both ranges (never one of the
+two, which would wrap values of the other).
+"""
 
 import numpy as np
 
 from ..errors import DTypeError, DTypeOverflowError
 
-SHORT = {"bool": "bool", "uint8": "u8", "int32": "i32", "int64": "i64",
+SHORT = {"bool": "bool", "uint8": "u8", "int8": "i8", "int32": "i32", "int64": "i64",
          "float16": "f16", "float32": "f32", "float64": "f64"}
 #: The supported dtypes, from lowest to highest promotion rank.
 SUPPORTED = tuple(np.dtype(d) for d in SHORT)
@@ -16,6 +22,7 @@ float16 = np.dtype("float16")
 int32 = np.dtype("int32")
 int64 = np.dtype("int64")
 uint8 = np.dtype("uint8")
+int8 = np.dtype("int8")
 bool_ = np.dtype("bool")
 
 
@@ -42,12 +49,15 @@ def is_float(dt):
 
 
 def promote(a, b):
-    """Result dtype of a binary elementwise op (PyTorch-like: any float beats any integer)."""
+    """Result dtype of a binary elementwise op (PyTorch-like: any float beats any integer;
+    ``int8`` with ``uint8`` gives ``int32``, see the module's docstring)."""
     if a == b:
         return a
     fa, fb = is_float(a), is_float(b)
     if fa != fb:
         return a if fa else b
+    if {a, b} == {int8, uint8}:
+        return int32
     return a if _RANK[a] >= _RANK[b] else b
 
 
