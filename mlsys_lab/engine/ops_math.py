@@ -18,9 +18,23 @@ from .tensor import zeros_like
 
 
 # --- shape/dtype rules ------------------------------------------------------------------------
+def _broadcast2(name, sa, sb):
+    """numpy broadcasting of two shapes: equal shapes and a shape that is a trailing part of
+    the other (a bias) answered at once, anything else by :func:`broadcast_shapes`."""
+    sa, sb = tuple(sa), tuple(sb)
+    if sa == sb:
+        return sa
+    la, lb = len(sa), len(sb)
+    if lb < la and sa[la - lb:] == sb:
+        return sa
+    if la < lb and sb[lb - la:] == sa:
+        return sb
+    return broadcast_shapes(name, sa, sb)
+
+
 def _binary(name, out_dtype=None):
     def infer(a, b):
-        shape = broadcast_shapes(name, a.shape, b.shape)
+        shape = _broadcast2(name, a.shape, b.shape)
         dt = dtypes.promote(a.dtype, b.dtype)
         return AVal(shape, out_dtype(dt) if out_dtype else dt)
     return infer
@@ -293,7 +307,7 @@ def _relu_grad_np(g, x):
 
 
 def _relu_grad_infer(g, x):
-    return AVal(broadcast_shapes("relu_grad", g.shape, x.shape), g.dtype)
+    return AVal(_broadcast2("relu_grad", g.shape, x.shape), g.dtype)
 
 
 def _relu_grad_vjp(u, xs, y, needs):

@@ -30,8 +30,10 @@ def _float_infer(name):
 def _softmax_np(x, axis):
     if x.size == 0:  # nothing to normalise (np.max would refuse a length-0 axis)
         return np.empty_like(x)
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
+    e = np.subtract(x, np.maximum.reduce(x, axis=axis, keepdims=True))  # fresh: work in place
+    np.exp(e, out=e)
+    e /= np.add.reduce(e, axis=axis, keepdims=True)
+    return e
 
 
 def _log_softmax_np(x, axis):
@@ -94,16 +96,30 @@ def _ce_infer(x, t):
 
 
 def _check_classes(op, t, c):
-    if (t.astype(np.uint64, copy=False) >= c).any():  # negative ids wrap to huge values
+    # Read as unsigned (a view, no copy), a negative id is at least 2**(bits - 1), so one max
+    # finds ids too large and negative ones alike, unless c itself is that large.
+    bits = 8 * t.dtype.itemsize
+    if t.dtype.kind == "u" or c <= 2 ** (bits - 1):
+        bad = t.size and t.view(f"u{t.dtype.itemsize}").max() >= c
+    else:
+        bad = (t < 0).any() or (t >= c).any()
+    if bad:
         raise OpError(f"{op}: targets must lie in [0, {c}), got min {t.min()} max {t.max()}")
 
 
 def _ce_np(x, t):
     n, c = x.shape
     _check_classes("cross_entropy", t, c)
-    z = x - x.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(z).sum(axis=1))
-    return (lse - z[np.arange(n), t]).mean()
+    m = np.maximum.reduce(x, axis=1)
+    z = np.subtract(x, m[:, None])  # fresh: exp, sum and log reuse it or its row sums
+    zt = z[np.arange(n), t]  # the targets' shifted logits (a copy), before exp overwrites z
+    np.exp(z, out=z)
+    lse = np.add.reduce(z, axis=1)
+    np.log(lse, out=lse)
+    lse -= zt
+    if n and lse.dtype.itemsize >= 4:  # np.mean's own sum and division, without its wrapping
+        return np.add.reduce(lse) / n
+    return lse.mean()  # float16 (np.mean sums it in float32) and N = 0 (NaN, with a warning)
 
 
 def _ce_grad_np(x, t):

@@ -77,10 +77,11 @@ def _transpose_np(x, axes):
 
 
 def _transpose_infer(x, axes):
-    if sorted(axes) != list(range(len(x.shape))):
-        raise ShapeError(f"transpose: axes {axes} are not a permutation of the {len(x.shape)} "
-                         f"axes of {tuple(x.shape)}")
-    return AVal(tuple(x.shape[a] for a in axes), x.dtype)
+    shape = x.shape
+    if sorted(axes) != list(range(len(shape))):
+        raise ShapeError(f"transpose: axes {axes} are not a permutation of the {len(shape)} "
+                         f"axes of {tuple(shape)}")
+    return AVal(tuple([shape[a] for a in axes]), x.dtype)
 
 
 def _transpose_vjp(g, xs, y, needs, axes):
@@ -144,7 +145,7 @@ def _expand(g, x_shape, axis, keepdims):
 
 
 def _sum_np(x, axis, keepdims):
-    return np.sum(x, axis=axis, keepdims=keepdims)
+    return np.add.reduce(x, axis=axis, keepdims=keepdims)  # np.sum's own call, less wrapping
 
 
 def _sum_vjp(g, xs, y, needs, axis, keepdims):
