@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from mlsys_lab import viz  # noqa: E402
 from mlsys_lab.distributed import collectives, sim  # noqa: E402
 from mlsys_lab.distributed import pipeline_parallel as pp  # noqa: E402
 from mlsys_lab.errors import ArgumentError, ShapeError  # noqa: E402
@@ -170,7 +171,7 @@ def _view(live):
 
 @pytest.mark.parametrize("p,m,recompute", [(4, 8, False), (3, 5, True), (1, 2, False)])
 def test_pipeline_model_holds_every_pass_once_at_its_simulated_time(p, m, recompute):
-    model = tv.pipeline_model(p, m, t_forward=1.0, t_backward=2.5, recompute=recompute)
+    model = viz.pipeline_model(p, m, t_forward=1.0, t_backward=2.5, recompute=recompute)
     json.dumps(model)
     assert [g["title"].split(":")[0] for g in model["groups"]] == ["GPipe", "1F1B"]
     for g, name in zip(model["groups"], ("gpipe", "1f1b")):
@@ -182,7 +183,7 @@ def test_pipeline_model_holds_every_pass_once_at_its_simulated_time(p, m, recomp
         assert f"bubble {timeline.bubble_fraction():.3f}" in g["title"]
     keys = [b[7] for b in model["bars"]]
     assert len(set(keys)) == len(keys)
-    assert json.dumps(model) == json.dumps(tv.pipeline_model(p, m, t_forward=1.0, t_backward=2.5,
+    assert json.dumps(model) == json.dumps(viz.pipeline_model(p, m, t_forward=1.0, t_backward=2.5,
                                                               recompute=recompute))
     assert model["t1"] == max(b[3] for b in model["bars"])
 
@@ -198,7 +199,7 @@ def test_live_pipeline_widget_rebuilds_on_p_and_m():
     assert len(view.model["bars"]) == 2 * 2 * 4 * 2 and "0.600" in view.model["caption"]
     assert (view.selected, view.cursor) == ("", -1.0)           # the old selection is gone
     view.params = {"p": 2, "m": 3, "recompute": True}
-    assert view.model == tv.pipeline_model(2, 3, recompute=True)
+    assert view.model == viz.pipeline_model(2, 3, recompute=True)
     assert isinstance(pv.pipeline_widget(live=False), plt.Figure)
 
 
@@ -240,7 +241,7 @@ def test_cluster_timeline_draws_each_lane_and_honours_the_window():
 
 def test_trace_model_holds_every_event_once_with_its_times():
     res = _traced_run(4)
-    model = tv.trace_model(res)
+    model = viz.trace_model(res)
     json.dumps(model)
     assert model["subs"] == list(ct.KINDS) and model["lanes"] == [f"rank {r}" for r in range(4)]
     assert len(model["bars"]) == len(res.trace)
@@ -250,10 +251,10 @@ def test_trace_model_holds_every_event_once_with_its_times():
             assert b[5] == f"{e.kind} {e.src}->{e.dst}, {e.bytes} B"
     sends = [b for b in model["bars"] if model["subs"][b[1]] == "send"]
     assert len(sends) == res.messages                            # every message once
-    assert json.dumps(model) == json.dumps(tv.trace_model(_traced_run(4)))
+    assert json.dumps(model) == json.dumps(viz.trace_model(_traced_run(4)))
     assert model["t1"] == max(e.end for e in res.trace) and "µs" in model["x_label"]
     with pytest.raises(ArgumentError, match="not a sim.TraceEvent"):
-        tv.trace_model([("compute", 0, 1)])
+        viz.trace_model([("compute", 0, 1)])
 
 
 def test_live_cluster_timeline():

@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import mlsys_lab as ml  # noqa: E402
+from mlsys_lab import viz  # noqa: E402
 from mlsys_lab.engine.memory import Lifetime, plan  # noqa: E402
 from mlsys_lab.viz import graph_view, memory_view, stepper  # noqa: E402
 from mlsys_lab.viz.picture import Picture  # noqa: E402
@@ -158,7 +159,7 @@ def test_schedule_timeline_widget_holds_every_node_once_with_its_times():
         assert model["styles"][b[4]]["name"] == e.node.split("=")[-1].strip()
     assert model["t0"] == min(e.start for e in events)
     assert model["scale"] in (1.0, 1e-3, 1e-6, 1e-9) and model["unit"] in ("s", "ms", "µs", "ns")
-    assert json.dumps(model) == json.dumps(tv.schedule_model(events, "two workers"))
+    assert json.dumps(model) == json.dumps(viz.schedule_model(events, "two workers"))
     assert isinstance(schedule_widget(events, live=False), plt.Figure)
     plt.close("all")
 

@@ -3,16 +3,16 @@ pipeline schedules and cluster timelines (interactive timelines on the explorer'
 and the linked graph/memory explorer. Every picture's
 display bundle carries a PNG, so it shows on GitHub and in an untrusted notebook too."""
 
-from .cluster_timeline import plot_cluster_timeline, rank_summary, timeline_widget
+from .cluster_timeline import plot_cluster_timeline, rank_summary, timeline_widget, trace_model
 from .collective_view import collective_stepper, plot_ring_step, ring_allreduce_steps
 from .explorer_view import explorer, explorer_model, graph_explorer, memory_explorer
 from .graph_view import draw_matplotlib, has_dot, show_graph
 from .memory_view import compare_table, memory_widget, plot_lifetimes
 from .picture import Picture
-from .pipeline_view import pipeline_widget, plot_pipeline
+from .pipeline_view import pipeline_model, pipeline_widget, plot_pipeline
 from .stepper import graph_stepper, live_at, show_step
-from .timeline import plot_timeline, schedule_widget
-from .timeline_view import pipeline_model, schedule_model, timeline_model, trace_model
+from .timeline import plot_timeline, schedule_model, schedule_widget
+from .timeline_view import timeline_model
 
 __all__ = ["show_graph", "draw_matplotlib", "has_dot", "plot_timeline", "plot_lifetimes",
            "memory_widget", "compare_table", "graph_stepper", "show_step", "live_at",

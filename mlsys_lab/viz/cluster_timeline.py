@@ -14,6 +14,7 @@ from matplotlib.patches import Patch
 
 from ..errors import ArgumentError
 from .collective_view import png_bytes, want_live
+from .timeline_view import _hex, _unit, timeline_model, timeline_view
 
 __all__ = ["KINDS", "plot_cluster_timeline", "rank_summary", "static", "timeline_widget"]
 
@@ -54,13 +55,6 @@ def rank_summary(trace, p=None):
             row["bytes_sent"] += e.bytes
             row["messages"] += 1
     return rows
-
-
-def _unit(span):
-    for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
-        if span >= scale:
-            return scale, name
-    return 1e-9, "ns"
 
 
 def plot_cluster_timeline(trace, ax=None, ranks=None, window=None, title=None, kinds=KINDS):
@@ -124,10 +118,33 @@ def timeline_widget(trace, title=None, live=None):
     if not want_live(live):
         return plot_cluster_timeline(events, title=title)
     from .picture import Picture
-    from .timeline_view import timeline_view, trace_model
 
     model = trace_model(events, title)
     picture = Picture(png_bytes(plot_cluster_timeline(events, title=title)),
                       alt=f"cluster timeline, {len(model['lanes'])} ranks, {len(events)} events "
                           "(interactive; run the cell to hover and zoom)")
     return timeline_view(model, picture)
+
+
+def trace_model(trace, title=None) -> dict:
+    """The data of a simulator trace (``sim.Result`` or its ``TraceEvent`` list): one row per
+    rank with sub-lanes compute / send / recv, one bar per event (a message is its send on the
+    sender's row and its receive on the receiver's row), in trace order."""
+    from matplotlib.colors import to_rgb
+
+
+    events = _events(trace)
+    p = 1 + max((e.rank for e in events), default=0)
+    end = max((e.end for e in events), default=0.0)
+    scale, unit = _unit(end or 1e-9)
+    sub = {k: i for i, k in enumerate(KINDS)}
+    bars = []
+    for i, e in enumerate(events):    # info "" : the front end writes "label on lane, start-end"
+        label = "compute" if e.kind == "compute" else f"{e.kind} {e.src}->{e.dst}, {e.bytes} B"
+        bars.append([e.rank, sub[e.kind], e.start, e.end, sub[e.kind], label, "", str(i)])
+    whole, whole_unit = _unit(end or 1e-9)
+    styles = [{"name": k, "color": _hex(to_rgb(_COLOURS[k]))} for k in KINDS]
+    return timeline_model(title or f"{p} ranks, makespan {end / whole:.4g} {whole_unit}",
+                          [f"rank {r}" for r in range(p)], bars, styles, subs=KINDS,
+                          unit=unit, scale=scale, t0=0.0, t1=end,
+                          x_label=f"simulated time ({unit})")

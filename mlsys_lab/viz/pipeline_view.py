@@ -17,6 +17,7 @@ from matplotlib.colors import to_rgb
 from ..distributed import pipeline_parallel as pp
 from ..errors import ArgumentError
 from .collective_view import png_bytes, want_live
+from .timeline_view import _hex, timeline_model, timeline_view
 
 __all__ = ["pipeline_widget", "plot_pipeline", "schedule_timeline", "static"]
 
@@ -104,7 +105,6 @@ def pipeline_widget(p=4, m=8, t_forward=1.0, t_backward=2.0, live=None):
     if not want_live(live):
         return static(p, m, t_forward=t_forward, t_backward=t_backward)
     from .picture import Picture
-    from .timeline_view import pipeline_model, timeline_view
 
     def rebuild(p=p, m=m, recompute=False):
         return pipeline_model(p, m, t_forward=t_forward, t_backward=t_backward,
@@ -115,3 +115,50 @@ def pipeline_widget(p=4, m=8, t_forward=1.0, t_backward=2.0, live=None):
                           "timeline; run the cell for the p and m sliders)")
     return timeline_view(rebuild(), picture, rebuild,
                          params={"p": p, "m": m, "recompute": False})
+
+
+def pipeline_model(p=4, m=8, schedules=("gpipe", "1f1b"), t_forward=1.0, t_backward=2.0,
+                   recompute=False) -> dict:
+    """The data of the pipeline schedules for ``p`` stages and ``m`` micro-batches: one group of
+    ``p`` lanes per schedule (headed by its makespan and bubble), one bar per forward ``F j``
+    and backward ``B j``, the times of ``simulate_schedule``; controls ``p``, ``m`` and
+    ``recompute``."""
+    import matplotlib.pyplot as plt
+
+    from ..distributed import pipeline_parallel as pp
+
+    colours = plt.get_cmap("tab20")
+    styles, style_of, lanes, groups, bars = [], {}, [], [], []
+    makespan = 0.0
+    for name in schedules:
+        ops, timeline = schedule_timeline(name, p, m, t_forward, t_backward, recompute)
+        groups.append({"title": _summary(name, ops, timeline, p, m), "first": len(lanes),
+                       "count": p})
+        micro = sorted({j for _, (_, j) in timeline.spans})
+        for (stage, (kind, j)), (start, end) in sorted(timeline.spans.items()):
+            forward = kind == pp.FORWARD
+            sk = (micro.index(j) % 20, forward)
+            if sk not in style_of:
+                style_of[sk] = len(styles)
+                styles.append({"name": f"{'forward' if forward else 'backward'} of micro-batch "
+                               f"{j}", "color": _hex(_shade(colours(sk[0]), forward))})
+            what = "forward" if forward else "backward"
+            info = (f"{kind}{j}: {_NAMES.get(name, name)} stage {stage}, {what} of micro-batch "
+                    f"{j}, {start:g}-{end:g}")
+            bars.append([len(lanes) + stage, 0, start, end, style_of[sk], f"{kind}{j}", info,
+                         f"{name}:s{stage}:{kind}{j}"])
+        makespan = max(makespan, timeline.makespan)
+        lanes += [f"stage {s}" for s in range(p)]
+    controls = [{"name": "p", "label": "p (stages)", "type": "int", "min": 1, "max": 8,
+                 "value": p},
+                {"name": "m", "label": "m (micro)", "type": "int", "min": 1, "max": 16,
+                 "value": m},
+                {"name": "recompute", "label": "recompute", "type": "bool",
+                 "value": bool(recompute)}]
+    caption = (f"standard bubble (p-1)/(m+p-1) = {pp.bubble_fraction_standard(p, m):.3f}; "
+               f"in flight: GPipe {m} per stage, 1F1B min(p - s, m)")
+    backward = t_backward + (t_forward if recompute else 0.0)
+    return timeline_model(f"pipeline schedules, p = {p}, m = {m}", lanes, bars, styles,
+                          groups=groups, controls=controls, caption=caption, unit="", scale=1.0,
+                          t0=0.0, t1=makespan,
+                          x_label=f"time (forward = {t_forward:g}, backward = {backward:g})")

@@ -5,6 +5,8 @@
 
 import zlib
 
+from .timeline_view import _TAB10, _unit, timeline_model, timeline_view
+
 _CHAR_WIDTH = 0.0085  # fraction of the axis width one 7-pt character takes on a 9-inch figure
 
 
@@ -67,7 +69,6 @@ def schedule_widget(timeline, title=None, live=None):
     picture); elsewhere that Figure."""
     from .collective_view import want_live
     from .picture import Picture, png_bytes
-    from .timeline_view import schedule_model, timeline_view
 
     events = list(timeline)
     if not want_live(live):
@@ -77,3 +78,27 @@ def schedule_widget(timeline, title=None, live=None):
                       alt=f"{title or 'schedule timeline'}: {len(events)} nodes on {lanes} "
                           "lane(s) (interactive; run the cell to hover and zoom)")
     return timeline_view(schedule_model(events, title), picture)
+
+
+def schedule_model(timeline, title=None) -> dict:
+    """The data of an engine schedule timeline (``Event`` records: node, device, worker, start,
+    end): one lane per ``device/worker``, one bar per event, coloured by op as
+    :func:`~mlsys_lab.viz.timeline.plot_timeline` colours them."""
+
+    events = list(timeline)
+    lanes = sorted({(e.device, e.worker) for e in events})
+    row = {lane: i for i, lane in enumerate(lanes)}
+    kinds = sorted({_kind(e.node) for e in events})
+    style = {k: i for i, k in enumerate(kinds)}
+    styles = [{"name": k, "color": _TAB10[zlib.crc32(k.encode()) % 10]} for k in kinds]
+    t0 = min((e.start for e in events), default=0.0)
+    span = max((e.end for e in events), default=t0) - t0
+    scale, unit = _unit(span or 1e-9)
+    bars = []
+    for i, e in enumerate(events):
+        info = (f"{e.node} on {e.device}/{e.worker}: {(e.start - t0) / scale:.4g}-"
+                f"{(e.end - t0) / scale:.4g} {unit} ({(e.end - e.start) / scale:.4g} {unit})")
+        bars.append([row[(e.device, e.worker)], 0, e.start, e.end, style[_kind(e.node)], e.node,
+                     info, f"e{i}:{e.node}"])
+    return timeline_model(title or "schedule timeline", [f"{d}/{w}" for d, w in lanes], bars,
+                          styles, unit=unit, scale=scale)

@@ -17,13 +17,10 @@ the model's controls, e.g. ``p`` and ``m``) are synced traitlets; a view built w
 
 from __future__ import annotations
 
-import zlib
-
 from ..errors import ArgumentError
 from .picture import Picture
 
-__all__ = ["MIMETYPE", "STATIC", "TimelineView", "pipeline_model", "schedule_model",
-           "timeline_model", "timeline_view", "trace_model"]
+__all__ = ["MIMETYPE", "STATIC", "TimelineView", "timeline_model", "timeline_view"]
 
 from .explorer_view import STATIC
 
@@ -77,104 +74,6 @@ def timeline_model(title, lanes, bars, styles, subs=(), groups=(), controls=(), 
 
 
 # --------------------------------------------------------------------------------- builders
-def schedule_model(timeline, title=None) -> dict:
-    """The data of an engine schedule timeline (``Event`` records: node, device, worker, start,
-    end): one lane per ``device/worker``, one bar per event, coloured by op as
-    :func:`~mlsys_lab.viz.timeline.plot_timeline` colours them."""
-    from .timeline import _kind
-
-    events = list(timeline)
-    lanes = sorted({(e.device, e.worker) for e in events})
-    row = {lane: i for i, lane in enumerate(lanes)}
-    kinds = sorted({_kind(e.node) for e in events})
-    style = {k: i for i, k in enumerate(kinds)}
-    styles = [{"name": k, "color": _TAB10[zlib.crc32(k.encode()) % 10]} for k in kinds]
-    t0 = min((e.start for e in events), default=0.0)
-    span = max((e.end for e in events), default=t0) - t0
-    scale, unit = _unit(span or 1e-9)
-    bars = []
-    for i, e in enumerate(events):
-        info = (f"{e.node} on {e.device}/{e.worker}: {(e.start - t0) / scale:.4g}-"
-                f"{(e.end - t0) / scale:.4g} {unit} ({(e.end - e.start) / scale:.4g} {unit})")
-        bars.append([row[(e.device, e.worker)], 0, e.start, e.end, style[_kind(e.node)], e.node,
-                     info, f"e{i}:{e.node}"])
-    return timeline_model(title or "schedule timeline", [f"{d}/{w}" for d, w in lanes], bars,
-                          styles, unit=unit, scale=scale)
-
-
-def pipeline_model(p=4, m=8, schedules=("gpipe", "1f1b"), t_forward=1.0, t_backward=2.0,
-                   recompute=False) -> dict:
-    """The data of the pipeline schedules for ``p`` stages and ``m`` micro-batches: one group of
-    ``p`` lanes per schedule (headed by its makespan and bubble), one bar per forward ``F j``
-    and backward ``B j``, the times of ``simulate_schedule``; controls ``p``, ``m`` and
-    ``recompute``."""
-    import matplotlib.pyplot as plt
-
-    from ..distributed import pipeline_parallel as pp
-    from .pipeline_view import _NAMES, _shade, _summary, schedule_timeline
-
-    colours = plt.get_cmap("tab20")
-    styles, style_of, lanes, groups, bars = [], {}, [], [], []
-    makespan = 0.0
-    for name in schedules:
-        ops, timeline = schedule_timeline(name, p, m, t_forward, t_backward, recompute)
-        groups.append({"title": _summary(name, ops, timeline, p, m), "first": len(lanes),
-                       "count": p})
-        micro = sorted({j for _, (_, j) in timeline.spans})
-        for (stage, (kind, j)), (start, end) in sorted(timeline.spans.items()):
-            forward = kind == pp.FORWARD
-            sk = (micro.index(j) % 20, forward)
-            if sk not in style_of:
-                style_of[sk] = len(styles)
-                styles.append({"name": f"{'forward' if forward else 'backward'} of micro-batch "
-                               f"{j}", "color": _hex(_shade(colours(sk[0]), forward))})
-            what = "forward" if forward else "backward"
-            info = (f"{kind}{j}: {_NAMES.get(name, name)} stage {stage}, {what} of micro-batch "
-                    f"{j}, {start:g}-{end:g}")
-            bars.append([len(lanes) + stage, 0, start, end, style_of[sk], f"{kind}{j}", info,
-                         f"{name}:s{stage}:{kind}{j}"])
-        makespan = max(makespan, timeline.makespan)
-        lanes += [f"stage {s}" for s in range(p)]
-    controls = [{"name": "p", "label": "p (stages)", "type": "int", "min": 1, "max": 8,
-                 "value": p},
-                {"name": "m", "label": "m (micro)", "type": "int", "min": 1, "max": 16,
-                 "value": m},
-                {"name": "recompute", "label": "recompute", "type": "bool",
-                 "value": bool(recompute)}]
-    caption = (f"standard bubble (p-1)/(m+p-1) = {pp.bubble_fraction_standard(p, m):.3f}; "
-               f"in flight: GPipe {m} per stage, 1F1B min(p - s, m)")
-    backward = t_backward + (t_forward if recompute else 0.0)
-    return timeline_model(f"pipeline schedules, p = {p}, m = {m}", lanes, bars, styles,
-                          groups=groups, controls=controls, caption=caption, unit="", scale=1.0,
-                          t0=0.0, t1=makespan,
-                          x_label=f"time (forward = {t_forward:g}, backward = {backward:g})")
-
-
-def trace_model(trace, title=None) -> dict:
-    """The data of a simulator trace (``sim.Result`` or its ``TraceEvent`` list): one row per
-    rank with sub-lanes compute / send / recv, one bar per event (a message is its send on the
-    sender's row and its receive on the receiver's row), in trace order."""
-    from matplotlib.colors import to_rgb
-
-    from .cluster_timeline import _COLOURS, KINDS, _events
-
-    events = _events(trace)
-    p = 1 + max((e.rank for e in events), default=0)
-    end = max((e.end for e in events), default=0.0)
-    scale, unit = _unit(end or 1e-9)
-    sub = {k: i for i, k in enumerate(KINDS)}
-    bars = []
-    for i, e in enumerate(events):    # info "" : the front end writes "label on lane, start-end"
-        label = "compute" if e.kind == "compute" else f"{e.kind} {e.src}->{e.dst}, {e.bytes} B"
-        bars.append([e.rank, sub[e.kind], e.start, e.end, sub[e.kind], label, "", str(i)])
-    whole, whole_unit = _unit(end or 1e-9)
-    styles = [{"name": k, "color": _hex(to_rgb(_COLOURS[k]))} for k in KINDS]
-    return timeline_model(title or f"{p} ranks, makespan {end / whole:.4g} {whole_unit}",
-                          [f"rank {r}" for r in range(p)], bars, styles, subs=KINDS,
-                          unit=unit, scale=scale, t0=0.0, t1=end,
-                          x_label=f"simulated time ({unit})")
-
-
 # --------------------------------------------------------------------------------- the widget
 try:
     import anywidget
