@@ -104,41 +104,6 @@ _img2col_unit, _img2col_strided = _img2col_loop(True), _img2col_loop(False)
 _col2img_unit, _col2img_strided = _col2img_loop(True), _col2img_loop(False)
 
 
-@njit(**_JIT)
-def _to_nchw(rows, out, bias, relu):
-    """out[n, o, p, q] = rows[o, (n·OH + p)·OW + q] + bias[o] (max(·, 0) when relu)."""
-    n_img, o_ch, oh, ow = out.shape
-    size = oh * ow
-    for n in range(n_img):
-        for o in range(o_ch):
-            b = bias[o]
-            src = rows[o, n * size:(n + 1) * size]
-            dst = out[n, o]
-            for p in range(oh):
-                s, d = src[p * ow:(p + 1) * ow], dst[p]
-                if relu:
-                    for q in range(ow):
-                        v = s[q] + b
-                        d[q] = 0 if v <= 0 else v  # NaN stays NaN
-                else:
-                    for q in range(ow):
-                        d[q] = s[q] + b
-
-
-@njit(**_JIT)
-def _to_rows(g, rows):
-    """rows[o, (n·OH + p)·OW + q] = g[n, o, p, q]: a cotangent in the GEMMs' order."""
-    n_img, o_ch, oh, ow = g.shape
-    size = oh * ow
-    for o in range(o_ch):
-        for n in range(n_img):
-            dst = rows[o, n * size:(n + 1) * size]
-            for p in range(oh):
-                s, d = g[n, o, p], dst[p * ow:(p + 1) * ow]
-                for q in range(ow):
-                    d[q] = s[q]
-
-
 # --- stride 1: img2col over the padded grid ---------------------------------------------------
 # At stride 1 the columns can run over the padded input's full width Wp instead of OW: column
 # (n, p, q) of row (c, i, j) is then xpad[n, c].flat[(p + i·dh)·Wp + q + j·dw], so each
@@ -183,7 +148,8 @@ def _col2img_grid(cols, gxp, kh, kw, dh, dw, oh):
 
 @njit(**_JIT)
 def _to_nchw_grid(rows, out, bias, relu, wp):
-    """out[n, o, p, q] = rows[o, (n·OH + p)·Wp + q] + bias[o] (max(·, 0) when relu)."""
+    """out[n, o, p, q] = rows[o, (n·OH + p)·Wp + q] + bias[o] (max(·, 0) when relu); the
+    strided path's rows have Wp = OW."""
     n_img, o_ch, oh, ow = out.shape
     for n in range(n_img):
         for o in range(o_ch):
@@ -202,7 +168,8 @@ def _to_nchw_grid(rows, out, bias, relu, wp):
 
 @njit(**_JIT)
 def _to_rows_grid(g, rows, wp):
-    """rows[o, (n·OH + p)·Wp + q] = g[n, o, p, q] for q < OW, 0 in the extra columns."""
+    """rows[o, (n·OH + p)·Wp + q] = g[n, o, p, q] for q < OW, 0 in the extra columns: a
+    cotangent in the GEMMs' order (the strided path's rows have Wp = OW, no extra columns)."""
     n_img, o_ch, oh, ow = g.shape
     for o in range(o_ch):
         for n in range(n_img):
@@ -289,7 +256,7 @@ def conv2d_gemm_out(out, x, w, stride, padding, dilation=(1, 1), groups=1, bias=
         cols = img2col_rows(x, w.shape[2:], stride, padding, dilation, (oh, ow))
         rows = np.empty((o, cols.shape[1]), out.dtype)
         np.matmul(w_rows, _grouped(cols, groups), out=_grouped(rows, groups))
-        _to_nchw(rows, target, b, relu)
+        _to_nchw_grid(rows, target, b, relu, target.shape[3])
     if target is not out:
         np.copyto(out, target)
 
@@ -305,7 +272,7 @@ def cotangent_rows(g):
     """The cotangent (N, O, OH, OW) as (O, N·OH·OW) rows."""
     n, o, oh, ow = g.shape
     rows = np.empty((o, n * oh * ow), g.dtype)
-    _to_rows(np.ascontiguousarray(g), rows)
+    _to_rows_grid(np.ascontiguousarray(g), rows, g.shape[3])
     return rows
 
 
