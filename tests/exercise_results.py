@@ -32,3 +32,20 @@ def fails(result, *prefixes):
 def full(result):
     """Every case passed: full marks."""
     assert result.score == result.max > 0, feedback(result)
+
+
+def fails_only(result, *prefixes, strict=True):
+    """The cases named by a prefix (the first case starting with each) score 0; with
+    ``strict``, every other case passed (so the check blames the wrong idea on the right case)."""
+    by_name = rows(result)
+    chosen = {next(n for n in by_name if n.startswith(prefix)) for prefix in prefixes}
+    for name, row in by_name.items():
+        if name in chosen:
+            assert row.points == 0, f"{name} passed: {feedback(result)}"
+        elif strict:
+            assert row.passed, f"{name} failed: {feedback(result)}"
+
+
+def refused(result):
+    """Every case refused the answer because it calls a library function that is off limits."""
+    return result.score == 0 and all("off limits" in row.feedback for row in result.rows)

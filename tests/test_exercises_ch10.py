@@ -16,29 +16,9 @@ from mlsys_lab.deploy import prune as PR
 from mlsys_lab.deploy import quantize as Q
 from mlsys_lab.grading.checks import exercises_for_chapter, legacy_cases, run_cases
 
-
-def _rows(result):
-    return {row.name: row for row in result.rows}
-
-
-def _feedback(result):
-    return " | ".join(f"{row.name}: {row.feedback}" for row in result.rows if not row.passed)
-
-
-def _failed(result, *names, strict=True):
-    """The named cases (by a unique prefix) scored 0; with ``strict``, every other case passed
-    (so the check blames the wrong idea on the right case)."""
-    rows = _rows(result)
-    chosen = {next(n for n in rows if n.startswith(prefix)) for prefix in names}
-    for name, row in rows.items():
-        if name in chosen:
-            assert row.points == 0, f"{name} passed: {_feedback(result)}"
-        elif strict:
-            assert row.passed, f"{name} failed: {_feedback(result)}"
-
-
-def _refused(result):
-    return result.score == 0 and all("off limits" in row.feedback for row in result.rows)
+from .exercise_results import fails_only as _failed
+from .exercise_results import feedback as _feedback
+from .exercise_results import refused as _refused
 
 
 def test_no_legacy_cases_and_three_exercises():
