@@ -15,6 +15,7 @@ from mlsys_lab.engine import dispatch
 from mlsys_lab.engine.registry import REGISTRY, get, register_impl
 
 from .test_conv_kernels import _arrays, conv_cases, pool_cases
+from .test_recsys_embedding import eager_bag_case
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 1e-30, -3.5])
@@ -103,6 +104,7 @@ CASES = {
     "max_pool2d_scatter": _max_pool_scatter,
     "conv2d": _conv, "conv2d_grad_input": _conv_grad_input,
     "conv2d_grad_weight": _conv_grad_weight,
+    "embedding_bag": eager_bag_case,
 }
 TOLERANCE = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
 

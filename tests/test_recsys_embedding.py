@@ -307,3 +307,20 @@ def test_embedding_bag_equals_torch_including_empty_bags():
         (y * ml.tensor(gout)).sum().backward()
         np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-12)
         np.testing.assert_allclose(w.grad.to_dense(), tw.grad.to_dense().numpy(), rtol=1e-12)
+
+
+def eager_bag_case(rng, dtype):
+    """``embedding_bag`` arrays and attributes for ``tests/test_eager_kernels.py``: a table with
+    NaN, infinities and signed zeros, repeated ids, an empty bag, sum/mean, and per-sample
+    weights on some seeds."""
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, 1e-30, -3.5])
+    w = rng.standard_normal((7, 5)) * 3
+    mask = rng.random(w.shape) < 0.3
+    w[mask] = rng.choice(specials, int(mask.sum()))
+    ids = rng.integers(0, 7, 9)
+    offsets = np.array([0, 3, 3, 6, 8])
+    mode = ["sum", "mean"][int(rng.integers(2))]
+    arrays = [w.astype(dtype), ids, offsets]
+    if mode == "sum" and rng.random() < 0.5:
+        arrays.append(rng.choice([-1.0, 0.0, -0.0, 0.5, 2.0, np.nan], 9).astype(dtype))
+    return arrays, {"mode": mode, "sparse": bool(rng.integers(2))}

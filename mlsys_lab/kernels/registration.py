@@ -8,16 +8,19 @@ never imports them. Within an op, the kernels registered first are preferred, an
 * ``cpu``: convolution as BLAS GEMMs — Winograd F(2×2, 3×3) (:mod:`.winograd`) where it beats
   img2col, img2col otherwise (:mod:`.conv_gemm`), for ``conv2d``, ``fused_conv`` and both
   gradients — and pooling with its gradients as Numba loops (:mod:`.pooling`).
+* ``cpu``: the embedding-bag gather with software prefetch (:mod:`.embedding`; its optimiser row
+  updates are called by :mod:`mlsys_lab.optim` directly).
 
 Eager mode runs the kernels flagged ``eager`` (see :class:`~mlsys_lab.engine.registry.Kernel`):
 img2col convolution and its gradients (they differ from the reference only in the order of the
-GEMMs' sums) and max pooling with its VJP and JVP. Winograd changes the arithmetic and average
-pooling rounds differently, so they serve compiled graphs only.
+GEMMs' sums), max pooling with its VJP and JVP, and the embedding-bag gather (bit-identical).
+Winograd changes the arithmetic and average pooling rounds differently, so they serve compiled
+graphs only.
 """
 
 from ..engine.passes.fusion import ops as _fused_ops  # noqa: F401  (registers fused_conv)
 from ..engine.registry import register_impl
-from . import conv_gemm, pooling, winograd
+from . import conv_gemm, embedding, pooling, winograd  # noqa: F401  (embedding registers itself)
 
 
 def _cpu_matmul(a, b):

@@ -7,15 +7,16 @@ from .. import ops
 from ..engine.ops_sparse import MODES, embedding_bag, embedding_lookup
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, DTypeError, RankError
+from ..kernels import embedding as _kernels  # noqa: F401 - registers the embedding-bag kernel
 from . import init
 from . import layers as _layers
 from .module import Module, Parameter
 
 
-def _flag(layer, sparse):
-    if not isinstance(sparse, (bool, np.bool_)):
-        raise DTypeError(f"{layer}: sparse must be True or False, got {sparse!r}")
-    return bool(sparse)
+def _flag(layer, value, name="sparse"):
+    if not isinstance(value, (bool, np.bool_)):
+        raise DTypeError(f"{layer}: {name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 class Embedding(_layers.Embedding):
@@ -44,7 +45,9 @@ class EmbeddingBag(Module):
     or mean of the table rows ``ids[offsets[b]:offsets[b+1]]``; an empty bag gives zeros.
 
     Call it with a 1-D ``ids`` and ``offsets`` (variable-length bags), or with a 2-D ``ids`` of
-    shape ``(bags, length)`` and no offsets (every bag of the same length).
+    shape ``(bags, length)`` and no offsets (every bag of the same length). ``forward``'s
+    ``per_sample_weights`` (``mode="sum"`` only, the shape of ``ids``) scale each id's row
+    before the sum, and get a gradient of their own.
 
     Args:
         num_embeddings, embedding_dim: the table's shape.
@@ -52,16 +55,20 @@ class EmbeddingBag(Module):
         sparse: row-sparse ``weight.grad`` (see :class:`Embedding`).
         rng: seed or Generator of the N(0, 1) initial rows.
         weight: an initial ``(num_embeddings, embedding_dim)`` array instead (copied).
+        include_last_offset: 1-D calls pass ``len(offsets) = bags + 1`` offsets, the last one
+            ``len(ids)`` (CSR style), as ``torch.nn.EmbeddingBag``'s.
     """
 
     def __init__(self, num_embeddings, embedding_dim, mode="mean", sparse=False, rng=None,
-                 weight=None):
+                 weight=None, include_last_offset=False):
         super().__init__()
         _layers._check_sizes("EmbeddingBag", num_embeddings=num_embeddings,
                              embedding_dim=embedding_dim)
         if mode not in MODES:
             raise ArgumentError(f"EmbeddingBag: mode must be one of {MODES}, got {mode!r}")
         self.mode, self.sparse = mode, _flag("EmbeddingBag", sparse)
+        self.include_last_offset = _flag("EmbeddingBag", include_last_offset,
+                                         "include_last_offset")
         if weight is None:
             weight = init.normal((num_embeddings, embedding_dim), rng, std=1.0)
         weight = np.array(weight, dtype=np.float32 if np.asarray(weight).dtype.kind != "f"
@@ -71,8 +78,15 @@ class EmbeddingBag(Module):
                                 f"{embedding_dim}), got {weight.shape}")
         self.weight = Parameter(weight)
 
-    def forward(self, ids, offsets=None):
+    def forward(self, ids, offsets=None, per_sample_weights=None):
         ids = ids if isinstance(ids, Tensor) else Tensor._wrap(np.asarray(ids))
+        psw = per_sample_weights
+        if psw is not None:
+            psw = psw if isinstance(psw, Tensor) else Tensor._wrap(np.asarray(psw))
+            if tuple(psw.shape) != tuple(ids.shape):
+                raise RankError(f"EmbeddingBag: per_sample_weights must have the shape of ids "
+                                f"{tuple(ids.shape)}, got {tuple(psw.shape)}")
+        last = self.include_last_offset
         if offsets is None:
             if ids.ndim != 2:
                 raise RankError(f"EmbeddingBag: without offsets ids must be 2-D (bags, "
@@ -80,10 +94,13 @@ class EmbeddingBag(Module):
             bags, length = ids.shape
             offsets = np.arange(bags, dtype=np.int64) * length
             ids = ops.reshape(ids, (bags * length,))
+            psw = None if psw is None else ops.reshape(psw, (bags * length,))
+            last = False
         elif ids.ndim != 1:
             raise RankError(f"EmbeddingBag: with offsets ids must be 1-D, got shape "
                             f"{tuple(ids.shape)}")
-        return embedding_bag(self.weight, ids, offsets, self.mode, self.sparse)
+        return embedding_bag(self.weight, ids, offsets, self.mode, self.sparse,
+                             per_sample_weights=psw, include_last_offset=last)
 
 
 __all__ = ["Embedding", "EmbeddingBag"]

@@ -2,7 +2,10 @@
 
 A ``.grad`` may be a :class:`~mlsys_lab.engine.sparse.RowSparse` (an embedding table looked up
 with ``sparse=True``): SGD, Adagrad and SparseAdam then touch only its rows (``sparse_update``);
-the others refuse it, as PyTorch's do.
+the others refuse it, as PyTorch's do. The sparse updates merge duplicate rows
+(``RowSparse.merged``) and run one fused Numba read-modify-write over the touched rows
+(:mod:`mlsys_lab.kernels.embedding`), with the dense update's float operations, so a touched
+row ends as the dense optimiser would leave it.
 """
 
 import math
@@ -13,6 +16,7 @@ import numpy as np
 from ..engine.sparse import RowSparse
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, CheckpointError, DTypeError
+from ..kernels import embedding as _rows
 
 #: PyTorch's wording for each hyper-parameter it checks, and whether it must also be below 1.
 _LIMITS = {"lr": ("learning rate", False), "momentum": ("momentum value", False),
@@ -170,9 +174,10 @@ class SGD(Optimizer):
         p.data -= np.asarray(h["lr"], p.data.dtype) * g
 
     def sparse_update(self, p, g, st):
-        """Plain SGD on the touched rows (momentum and weight decay would touch every row)."""
+        """Plain SGD on the touched rows (momentum and weight decay would touch every row);
+        duplicates are summed first, as the dense gradient sums them."""
         self._no_sparse("momentum", "weight_decay")
-        g.add_to(p.data, scale=-self.hyper["lr"])  # linear in g: duplicates may stay
+        _rows.sgd_rows(p.data, g.merged(), self.hyper["lr"])
 
 
 class Adam(Optimizer):
@@ -247,11 +252,7 @@ class Adagrad(Optimizer):
 
     def sparse_update(self, p, g, st):
         self._no_sparse("weight_decay")
-        g = g.coalesce()
-        rows, v = g.indices, g.values
-        st["sum"][rows] += v * v
-        p.data[rows] -= (self._lr() * v / (np.sqrt(st["sum"][rows]) + self.hyper["eps"])
-                         ).astype(p.data.dtype, copy=False)
+        _rows.adagrad_rows(p.data, st["sum"], g.merged(), self._lr(), self.hyper["eps"])
 
 
 class SparseAdam(Optimizer):
@@ -280,16 +281,8 @@ class SparseAdam(Optimizer):
         h = self.hyper
         i = next(k for k, q in enumerate(self.params) if q is p)
         self.param_steps[i] += 1
-        t = self.param_steps[i]
-        g = g.coalesce()
-        rows, v = g.indices, g.values
-        m_old, v_old = st["m"][rows], st["v"][rows]
-        m_new = m_old + (v - m_old) * (1 - h["beta1"])
-        v_new = v_old + (v * v - v_old) * (1 - h["beta2"])
-        st["m"][rows], st["v"][rows] = m_new, v_new
-        step = h["lr"] * math.sqrt(1 - h["beta2"] ** t) / (1 - h["beta1"] ** t)
-        p.data[rows] -= (step * m_new / (np.sqrt(v_new) + h["eps"])).astype(p.data.dtype,
-                                                                           copy=False)
+        _rows.sparse_adam_rows(p.data, st["m"], st["v"], g.merged(), h["lr"],
+                               (h["beta1"], h["beta2"]), h["eps"], self.param_steps[i])
 
     def state_dict(self):
         sd = super().state_dict()

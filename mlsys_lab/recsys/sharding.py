@@ -5,13 +5,20 @@ that moves against a dense all-reduce, and the load that hot keys put on each se
 Each server really holds its shard (numpy arrays); a pull returns the current rows as a
 :class:`~mlsys_lab.engine.sparse.RowSparse`, a push applies a RowSparse gradient on the owners.
 Bytes are counted per message as keys (8 bytes each) plus row values; times follow the
-alpha-beta model of :mod:`mlsys_lab.distributed.cost`.
+alpha-beta model of :mod:`mlsys_lab.distributed.cost` (:meth:`ShardedTables.step_time`).
+
+:meth:`ShardedTables.simulate` runs the same pulls and pushes as rank programs on the
+distributed simulator (:func:`mlsys_lab.distributed.sim.run`): a worker (rank 0) and the servers
+(ranks 1..S) exchange the real keys and rows as messages, so queueing on shared links shows in
+the simulated time, while an uncontended step costs exactly the alpha-beta formula.
 """
 
 import heapq
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..distributed import sim
 from ..distributed.cost import collective_time
 from ..engine.sparse import RowSparse
 from ..errors import ArgumentError, ShapeError
@@ -140,16 +147,42 @@ class ShardedTables:
         self.server_messages[s] += 2  # a request and its answer
         self.messages += 2
 
+    def _place(self, values, pos, cols, block):
+        if self.scheme == "column":
+            values[np.ix_(pos, cols)] = block
+        else:
+            values[pos] = block
+
+    def _apply(self, s, t, local, cols, block, lr):
+        """Server ``s`` applies ``-lr * block`` to its rows ``local`` of table ``t``."""
+        shard = self.shards[s][t]
+        if self.scheme == "column":
+            shard[np.ix_(local, cols - cols[0])] -= lr * block
+        else:
+            shard[local] -= lr * block
+
+    def _push_plan(self, t, grad):
+        if not isinstance(grad, RowSparse) or grad.shape != self.shapes[t]:
+            raise ShapeError(f"ShardedTables.push: needs a RowSparse of shape "
+                             f"{self.shapes[t]} for table {t}, got {grad!r}")
+        grad = grad.coalesce()
+        ids = self._check(t, grad.indices, "push")
+        values = grad.values.astype(self.dtype, copy=False)
+        return [(s, pos, local, cols,
+                 values[pos] if self.scheme != "column" else values[np.ix_(pos, cols)], ids[pos])
+                for s, pos, local, cols in self._routes(t, ids)]
+
+    def _local_rows(self, t, keys):
+        """Where a server keeps the rows ``keys`` of table ``t`` in its shard."""
+        return self.local[t][keys] if self.scheme == "row" else keys
+
     def pull(self, t, ids):
         """The current rows ``ids`` of table ``t`` (each fetched once) as a RowSparse."""
         ids = self._check(t, ids, "pull")
         values = np.empty((ids.size, self.shapes[t][1]), self.dtype)
         for s, pos, local, cols in self._routes(t, ids):
             block = self.shards[s][t][local]
-            if self.scheme == "column":
-                values[np.ix_(pos, cols)] = block
-            else:
-                values[pos] = block
+            self._place(values, pos, cols, block)
             nbytes = KEY_BYTES * pos.size + block.nbytes
             self.bytes_pulled += nbytes
             self._count(s, nbytes, pos.size)
@@ -157,22 +190,91 @@ class ShardedTables:
 
     def push(self, t, grad, lr):
         """Apply ``w[rows] -= lr * grad`` on the servers owning the gradient's rows."""
-        if not isinstance(grad, RowSparse) or grad.shape != self.shapes[t]:
-            raise ShapeError(f"ShardedTables.push: needs a RowSparse of shape "
-                             f"{self.shapes[t]} for table {t}, got {grad!r}")
-        grad = grad.coalesce()
-        ids = self._check(t, grad.indices, "push")
-        values = grad.values.astype(self.dtype, copy=False)
-        for s, pos, local, cols in self._routes(t, ids):
-            block = values[pos] if self.scheme != "column" else values[np.ix_(pos, cols)]
-            shard = self.shards[s][t]
-            if self.scheme == "column":
-                shard[np.ix_(local, cols - cols[0])] -= lr * block
-            else:
-                shard[local] -= lr * block
+        for s, pos, local, cols, block, _ in self._push_plan(t, grad):
+            self._apply(s, t, local, cols, block, lr)
             nbytes = KEY_BYTES * pos.size + block.nbytes
             self.bytes_pushed += nbytes
             self._count(s, nbytes, pos.size)
+
+    def simulate(self, pulls=(), pushes=(), lr=0.0, alpha=5e-6, beta=1 / 12.5e9):
+        """One worker's step as rank programs on :func:`mlsys_lab.distributed.sim.run`.
+
+        Rank 0 is the worker, rank ``1 + s`` server ``s``, every pair joined by its own link
+        (``sim.fully_connected(S + 1, alpha, beta)``). First the pulls: the worker sends each
+        owning server the keys it wants (int64, one message per table and server, tag = the
+        table) and the server answers with those rows of its shard. Then the pushes: each
+        owner gets the keys and gradient rows in one message, applies ``-lr *`` them, and
+        answers with an empty acknowledgement. Messages carry exactly the keys and rows (no
+        headers), so ``SimStep.bytes`` is the touched rows' bytes; the counters
+        (``bytes_pulled``, ``server_bytes``, ...) advance as :meth:`pull`/:meth:`push` do.
+
+        Args:
+            pulls: ``(table, ids)`` pairs. pushes: ``(table, RowSparse gradient)`` pairs.
+            lr: the push's learning rate. alpha, beta: each link's latency and seconds per byte.
+
+        Returns:
+            a :class:`SimStep`: the pulled RowSparse per pull, the simulated time, bytes and
+            messages, and the simulator's :class:`~mlsys_lab.distributed.sim.Result`.
+        """
+        pull_plans = []
+        for t, ids in pulls:
+            ids = self._check(t, ids, "simulate")
+            pull_plans.append((t, ids, self._routes(t, ids)))
+        push_plans = [(t, self._push_plan(t, grad)) for t, grad in pushes]
+        dim_of = {t: self.shapes[t][1] for t in range(len(self.shapes))}
+        rows_out = [np.empty((ids.size, dim_of[t]), self.dtype) for t, ids, _ in pull_plans]
+        item = self.dtype.itemsize
+
+        def worker(comm):
+            sends, srcs, where = [], [], []
+            for i, (t, ids, routes) in enumerate(pull_plans):
+                for s, pos, _, cols in routes:
+                    sends.append((ids[pos].astype(np.int64), 1 + s, t))
+                    srcs.append((1 + s, t))
+                    where.append((i, pos, cols))
+            replies = yield comm.exchange(sends, srcs)
+            for (i, pos, cols), block in zip(where, replies):
+                self._place(rows_out[i], pos, cols, block.view(self.dtype).reshape(pos.size, -1))
+            sends, srcs = [], []
+            for t, plan in push_plans:
+                for s, _, _, _, block, keys in plan:
+                    msg = np.concatenate([np.ascontiguousarray(keys, np.int64).view(np.uint8),
+                                          np.ascontiguousarray(block).reshape(-1).view(np.uint8)])
+                    sends.append((msg, 1 + s, t))
+                    srcs.append((1 + s, t))
+            yield comm.exchange(sends, srcs)
+
+        def server(comm, s):
+            for t, _, routes in pull_plans:
+                for _ in [r for r in routes if r[0] == s]:
+                    keys = yield comm.recv(0, tag=t)
+                    block = self.shards[s][t][self._local_rows(t, keys)]
+                    yield comm.send(block, 0, tag=t)
+                    nbytes = keys.nbytes + block.nbytes
+                    self.bytes_pulled += nbytes
+                    self._count(s, nbytes, keys.size)
+            for t, plan in push_plans:
+                for _, _, _, cols, block, _ in [r for r in plan if r[0] == s]:
+                    msg = yield comm.recv(0, tag=t)
+                    k = msg.nbytes // (KEY_BYTES + block.shape[1] * item)
+                    keys = msg[:KEY_BYTES * k].view(np.int64)
+                    got = msg[KEY_BYTES * k:].view(self.dtype).reshape(k, block.shape[1])
+                    self._apply(s, t, self._local_rows(t, keys), cols, got, lr)
+                    yield comm.send(np.zeros(0, np.uint8), 0, tag=t)
+                    self.bytes_pushed += msg.nbytes
+                    self._count(s, msg.nbytes, k)
+
+        def program(comm):
+            if comm.rank == 0:
+                return (yield from worker(comm))
+            return (yield from server(comm, comm.rank - 1))
+
+        cluster = sim.Cluster(sim.fully_connected(self.S + 1, alpha=alpha, beta=beta),
+                              batch_collectives=False)
+        result = sim.run(cluster, program, trace=False)
+        rows = [RowSparse(ids, values, self.shapes[t][0])
+                for (t, ids, _), values in zip(pull_plans, rows_out)]
+        return SimStep(rows, result.time, result.bytes, result.messages, result)
 
     def table(self, t):
         """Table ``t`` reassembled from the servers (for checking; moves nothing)."""
@@ -192,6 +294,19 @@ class ShardedTables:
         (servers work in parallel; each has one NIC)."""
         return max(m * alpha + b * beta for m, b in zip(self.server_messages,
                                                         self.server_bytes))
+
+
+@dataclass
+class SimStep:
+    """What :meth:`ShardedTables.simulate` returns: ``rows`` (one RowSparse per pull),
+    ``time`` (simulated seconds), ``bytes`` and ``messages`` sent, ``result`` (the
+    simulator's Result, for its per-link busy times)."""
+
+    rows: list
+    time: float
+    bytes: int
+    messages: int
+    result: object
 
 
 def dense_allreduce_bytes(table_bytes, num_workers):
@@ -265,6 +380,6 @@ def replicated_loads(freq, placement, num_servers, num_hot):
     return server_loads(cold, placement, num_servers) + freq[hot].sum() / num_servers
 
 
-__all__ = ["ShardedTables", "dense_allreduce_bytes", "dense_allreduce_time", "server_loads",
-           "load_imbalance", "round_robin_placement", "balanced_placement", "replicated_loads",
-           "KEY_BYTES", "SCHEMES"]
+__all__ = ["ShardedTables", "SimStep", "dense_allreduce_bytes", "dense_allreduce_time",
+           "server_loads", "load_imbalance", "round_robin_placement", "balanced_placement",
+           "replicated_loads", "KEY_BYTES", "SCHEMES"]
