@@ -194,6 +194,33 @@ MODELS = {"cnn": ("cnn 3-16-32 + linear", build_cnn, torch_cnn, (CNN_BATCH, 3, 3
                           TRANSFORMER_INPUT)}
 
 
+def torch_columns(eager, compiled, make_torch_step, x, y, repeats, expected_loss=None):
+    """The columns against PyTorch (torch ms, eager/torch, compiled/torch), timed in blocks,
+    not round-robin (see ``TORCH_BLOCK``); ``n/a`` when torch is not importable.
+
+    ``make_torch_step()`` builds the PyTorch step; with ``expected_loss`` its first loss must
+    match it before anything is timed."""
+    try:
+        import torch
+
+        tstep = make_torch_step()
+        xt_, yt_ = torch.from_numpy(x), torch.from_numpy(y)
+        if expected_loss is not None:
+            l_t = tstep(xt_, yt_).item()
+            assert abs(l_t - expected_loss) < 1e-4 * max(1.0, abs(expected_loss)), \
+                (l_t, expected_loss)
+        for _ in range(3):
+            tstep(xt_, yt_)
+        b = timing.compare({"eager": eager, "compiled": compiled,
+                            "torch": lambda: tstep(xt_, yt_)},
+                           rounds=max(1, repeats // (TORCH_BLOCK - TORCH_SETTLE)),
+                           block=TORCH_BLOCK, discard=TORCH_SETTLE, warmup=0, stat="median")
+    except ImportError:
+        return f"{'n/a':>10}{'n/a':>13}{'n/a':>16}"
+    return (f"{b['torch'] * 1e3:>10.3f}{b['eager'] / b['torch']:>12.2f}x"
+            f"{b['compiled'] / b['torch']:>15.2f}x")
+
+
 def model_row(name, build, forward, x_shape, repeats, rng):
     """One row for a model without a hand-written numpy step: eager, compiled and PyTorch."""
     x = rng.standard_normal(x_shape).astype(np.float32)
@@ -210,23 +237,9 @@ def model_row(name, build, forward, x_shape, repeats, rng):
                        rounds=repeats, warmup=3, stat="median")
     cols = (f"{'n/a':>10}{t['eager'] * 1e3:>10.3f}{t['compiled'] * 1e3:>12.3f}"
             f"{'n/a':>13}{'n/a':>16}")
-    try:
-        import torch
-
-        tstep = torch_model_step_fn(forward, reference)
-        xt_, yt_ = torch.from_numpy(x), torch.from_numpy(y)
-        l_t = tstep(xt_, yt_).item()
-        assert abs(l_t - l_ml) < 1e-4 * max(1.0, abs(l_ml)), (l_t, l_ml)
-        for _ in range(3):
-            tstep(xt_, yt_)
-        b = timing.compare({"eager": lambda: mlsys_step(model, opt, xt, yt),
-                            "compiled": lambda: step(x, y), "torch": lambda: tstep(xt_, yt_)},
-                           rounds=max(1, repeats // (TORCH_BLOCK - TORCH_SETTLE)),
-                           block=TORCH_BLOCK, discard=TORCH_SETTLE, warmup=0, stat="median")
-        cols += (f"{b['torch'] * 1e3:>10.3f}{b['eager'] / b['torch']:>12.2f}x"
-                 f"{b['compiled'] / b['torch']:>15.2f}x")
-    except ImportError:
-        cols += f"{'n/a':>10}{'n/a':>13}{'n/a':>16}"
+    cols += torch_columns(lambda: mlsys_step(model, opt, xt, yt), lambda: step(x, y),
+                          lambda: torch_model_step_fn(forward, reference), x, y, repeats,
+                          expected_loss=l_ml)
     print(f"{name:<20}{x_shape[0]:>6}{cols}{'n/a':>10}{'n/a':>13}")
 
 
@@ -274,22 +287,8 @@ def mlp_row(sizes, batch, repeats, rng):
                         "compiled": lambda: step(x, y), "GEMMs": floor},
                        rounds=repeats, warmup=3, stat="median")
     t_np, t_ml, t_c, t_mm = t["numpy"], t["eager"], t["compiled"], t["GEMMs"]
-    try:  # in blocks, not round-robin: see TORCH_BLOCK
-        import torch
-
-        tstep = torch_step_fn(params)
-        xt_, yt_ = torch.from_numpy(x), torch.from_numpy(y)
-        for _ in range(3):
-            tstep(xt_, yt_)
-        b = timing.compare({"eager": lambda: mlsys_step(model, opt, xt, yt),
-                            "compiled": lambda: step(x, y), "torch": lambda: tstep(xt_, yt_)},
-                           rounds=max(1, repeats // (TORCH_BLOCK - TORCH_SETTLE)),
-                           block=TORCH_BLOCK, discard=TORCH_SETTLE, warmup=0, stat="median")
-        b_ml, b_c, t_torch = b["eager"], b["compiled"], b["torch"]
-        torch_cols = (f"{t_torch * 1e3:>10.3f}{b_ml / t_torch:>12.2f}x"
-                      f"{b_c / t_torch:>15.2f}x")
-    except ImportError:
-        torch_cols = f"{'n/a':>10}{'n/a':>13}{'n/a':>16}"
+    torch_cols = torch_columns(lambda: mlsys_step(model, opt, xt, yt), lambda: step(x, y),
+                               lambda: torch_step_fn(params), x, y, repeats)
     name = "-".join(map(str, sizes))
     print(f"{name:<20}{batch:>6}{t_np * 1e3:>10.3f}{t_ml * 1e3:>10.3f}{t_c * 1e3:>12.3f}"
           f"{t_ml / t_np:>12.2f}x{t_c / t_np:>15.2f}x{torch_cols}"

@@ -436,6 +436,22 @@ def test_an_initialisation_that_ignores_rng_fails():
     _zero_on(run_cases("3.1", GlobalRandom, seed=2), "seeded initialisation that can train")
 
 
+class ClampedRank(LowRankLinear):
+    """Clamps a bad rank into 1..min(in, out) instead of raising."""
+
+    def __init__(self, in_features, out_features, rank, rng=None):
+        super().__init__(in_features, out_features,
+                         min(max(rank, 1), in_features, out_features), rng)
+
+
+def test_a_bad_rank_clamped_instead_of_raising_fails_only_the_error_case():
+    result = run_cases("3.1", ClampedRank, seed=2)
+    assert _points(result) == {**_points(run_cases("3.1", LowRankLinear, seed=2)),
+                               "a bad rank raises ValueError": 0}
+    assert "LowRankLinear(8, 6, 7) gave" in _feedback(result)
+    assert "raise ValueError" in _feedback(result)
+
+
 class FromLinear(LowRankLinear):
     def __init__(self, in_features, out_features, rank, rng=None):
         super().__init__(in_features, out_features, rank, rng)

@@ -104,6 +104,16 @@ def _cancel(requests):
             request.Cancel()
 
 
+def _receive_buffer(out, head, src, what):
+    """Where the message that ``head`` announces lands: a new array of its shape and dtype,
+    or ``out`` once it is checked to fit exactly."""
+    shape, dtype = _decode(head)
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    check_fits(out, shape, dtype, src, what)
+    return out
+
+
 def _bytes_of(array):
     return array.reshape(-1).view(np.uint8)
 
@@ -187,12 +197,7 @@ class MpiCommunicator(Communicator):
         self.wait_requests(head_requests, what, receives=head_requests)
         outs, data_requests = [], []
         for (src, tag), (head, _) in zip(srcs, heads):
-            shape, dtype = _decode(head)
-            if out is None:
-                buffer = np.empty(shape, dtype=dtype)
-            else:
-                buffer = out
-                check_fits(out, shape, dtype, src, what)
+            buffer = _receive_buffer(out, head, src, what)
             data_requests.append(self._mpi.Irecv(_bytes_of(buffer), source=src, tag=tag))
             outs.append(buffer)
         self.wait_requests(data_requests + send_requests, what, receives=data_requests)
@@ -215,12 +220,7 @@ class MpiCommunicator(Communicator):
             if waited > _SPIN_SECONDS:
                 time.sleep(2e-4)
         src = status.Get_source()
-        shape, dtype = _decode(head)
-        if out is None:
-            buffer = np.empty(shape, dtype=dtype)
-        else:
-            buffer = out
-            check_fits(out, shape, dtype, src, what)
+        buffer = _receive_buffer(out, head, src, what)
         data = self._mpi.Irecv(_bytes_of(buffer), source=src, tag=tag)
         self.wait_requests([data], what, receives=[data])
         return src, buffer

@@ -26,12 +26,12 @@ import numpy as np
 from mlsys_lab.grading.checks import (
     Case,
     Exercise,
-    Raised,
     attempt,
     describe,
     plain,
     register,
 )
+from mlsys_lab.grading.exercise import expect_each_raised
 
 # ============================================================================= shared helpers
 
@@ -413,9 +413,11 @@ def _ss_drop_probe(ShardSampler, seed):
             for k, (n, r, s, e) in enumerate(_shard_configs(seed + 4, 8)[1:])]
 
 
+SS_BAD_CALLS = ((10, 4, 4), (10, 4, -1), (10, 0, 0))  # rank R of R, rank -1, R = 0
+
+
 def _ss_errors_probe(ShardSampler):
-    return [attempt(ShardSampler, 10, 4, 4), attempt(ShardSampler, 10, 4, -1),
-            attempt(ShardSampler, 10, 0, 0)]
+    return [attempt(ShardSampler, *args) for args in SS_BAD_CALLS]
 
 
 # ----------------------------------------------------------------------------- judges
@@ -522,12 +524,8 @@ def _ss_drop_judge(raw, seed):
 
 
 def _ss_errors_judge(raw):
-    got = _expect(raw, list, "bad arguments")
-    labels = ["rank 4 of 4 replicas", "rank -1", "num_replicas 0"]
-    for label, g in zip(labels, got, strict=True):
-        if not (isinstance(g, Raised) and g.is_a("ValueError")):
-            raise AssertionError(f"ShardSampler(10, ...) with {label} gave {describe(g)}; it "
-                                 "should raise ValueError")
+    expect_each_raised("ShardSampler", SS_BAD_CALLS, raw, "ValueError",
+                       "rank must lie in 0..num_replicas-1 and num_replicas >= 1")
 
 
 # ============================================================================= 9.3 bottleneck
