@@ -5,9 +5,11 @@ and the system's Chromium (Debian's ``chromium`` + ``chromium-driver``; no brows
 opens each chapter: no output may show a placeholder repr instead of its picture, every image must
 load, and saving the notebook must leave the file byte-identical (the normal form). The chapters
 holding widgets are then run in the browser and every widget is driven (slider moved, planner
-picked, node clicked, rectangle hovered) and must change its picture. Last, the offline HTML
-export is loaded with the network off and its explorer must work. A missing browser fails these
-tests; it never skips them. Screenshots go to ``tests/artifacts/browser/``.
+picked, node clicked, rectangle hovered; every schedule, pipeline and cluster timeline of chapters
+04, 07 and 11 hovered and clicked) and must change its picture or readout. Last, the offline HTML
+export is loaded with the network off: its explorer and every saved timeline must work. A
+missing browser fails these tests; it never skips them. Screenshots go to
+``tests/artifacts/browser/``.
 """
 
 from __future__ import annotations
@@ -377,6 +379,15 @@ def test_widget_chapters_run_and_every_widget_responds(driver, lab, path):
 
 
 # ------------------------------------------------------------------------------- offline export
+def _saved_timelines(path: Path) -> list:
+    """The bar count of each timeline widget output saved in notebook ``path``, in order."""
+    from mlsys_lab.viz.timeline_view import MIMETYPE, unpack_model
+
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return [len(unpack_model(o["data"][MIMETYPE]["model"])["bars"]) for c in nb["cells"]
+            for o in c.get("outputs", []) if MIMETYPE in o.get("data", {})]
+
+
 def test_offline_export_shows_working_widgets_with_the_network_off(tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -389,45 +400,64 @@ def test_offline_export_shows_working_widgets_with_the_network_off(tmp_path):
     assert all(c.chinese in html and c.english in html for c in chapters(ROOT))
     shown = [p for p in CHAPTERS if "explorer(" in (ROOT / p).read_text(encoding="utf-8")]
     assert shown, "no chapter holds an explorer"
+    timelines = {p: _saved_timelines(ROOT / p) for p in CHAPTERS}
+    timelines = {p: bars for p, bars in timelines.items() if bars}
+    assert {"chapters/04_computational_graph.ipynb", "chapters/07_compiler_backend_runtime.ipynb",
+            "chapters/11_distributed_training.ipynb"} <= set(timelines), sorted(timelines)
     for page in pages:
         text = (index.parent / page).read_text(encoding="utf-8")
         loads = re.findall(r'<(?:script|link|img|iframe)[^>]+(?:src|href)="(https?:[^"]+)"', text)
         assert not loads, f"{page} loads from the network: {loads[:3]}"
+    # No MathJax offline: the chapters' TeX is drawn as SVG images that load from the page.
+    maths = {p: (index.parent / p).read_text(encoding="utf-8").count('class="mlsys-math"')
+             for p in pages}
+    assert sum(maths.values()) > 100, maths
+    most = max(maths, key=maths.get)
+    visits = list(dict.fromkeys([Path(p).with_suffix(".html").name for p in shown + list(timelines)]
+                                + [most]))               # each page loaded once
     with B.chromium(offline=True) as d:
         d.get(index.as_uri())
         links = d.find_elements(By.CSS_SELECTOR, "a[href$='.html']")
         assert len(links) == len(CHAPTERS)
-        for path in shown:
-            d.get((index.parent / Path(path).with_suffix(".html").name).as_uri())
-            _wait(d, "return document.querySelectorAll('.mlsys-explorer[data-ready]').length"
-                     " > 0 && [...document.images].every(i => i.complete);", 30, "offline page")
+        for page in visits:
+            path = f"chapters/{Path(page).with_suffix('.ipynb').name}"
+            stem = Path(page).stem
+            bars = timelines.get(path, [])
+            d.get((index.parent / page).as_uri())
+            _wait(d, "return [...document.images].every(i => i.complete) && "
+                     f"document.querySelectorAll('.mlsys-timeline[data-ready]').length === "
+                     f"{len(bars)} && (document.querySelectorAll('.mlsys-explorer[data-ready]')"
+                     f".length > 0) === {str(path in shown).lower()};", 30, f"offline {stem}")
             broken = d.execute_script("return [...document.images].filter("
                                       "i => i.naturalWidth === 0).length")
             assert broken == 0
-            root = d.find_element(By.CSS_SELECTOR, ".mlsys-explorer[data-ready]")
-            d.execute_script("arguments[0].scrollIntoView({block: 'center'});", root)
-            op = _visible_op(d, root)
-            op.click()
-            assert root.get_attribute("data-selected") == op.get_attribute("data-key")
+            if path in shown:
+                root = d.find_element(By.CSS_SELECTOR, ".mlsys-explorer[data-ready]")
+                d.execute_script("arguments[0].scrollIntoView({block: 'center'});", root)
+                op = _visible_op(d, root)
+                op.click()
+                assert root.get_attribute("data-selected") == op.get_attribute("data-key")
+                root.screenshot(str(ARTIFACTS / f"offline-{stem}.png"))
+            if bars:                              # every saved timeline boots and responds
+                roots = d.find_elements(By.CSS_SELECTOR, ".mlsys-timeline[data-ready]")
+                drawn = [int(r.get_attribute("data-bars")) for r in roots]
+                assert drawn == bars, (stem, drawn, bars)      # the packed bars, all unpacked
+                for r in roots:                   # controls that need a kernel are disabled
+                    assert all(i.get_attribute("disabled") for i in
+                               r.find_elements(By.CSS_SELECTOR, "input.tl-input"))
+                assert _drive_timelines(d, f"offline-{stem}", kernel=False) == len(bars)
+            if page == most:
+                sizes = d.execute_script("return [...document.querySelectorAll('img.mlsys-math')]"
+                                         ".map(i => i.naturalWidth);")
+                assert len(sizes) == maths[most] and all(w > 0 for w in sizes), sizes[:5]
+                formula = d.find_elements(By.CSS_SELECTOR, "img.mlsys-math")[0]
+                d.execute_script("arguments[0].scrollIntoView({block: 'center'});", formula)
+                d.save_screenshot(str(ARTIFACTS / "offline-math.png"))
             remote = d.execute_script("return performance.getEntriesByType('resource')"
                                       ".map(e => e.name).filter(n => /^https?:/.test(n))")
             assert remote == [], remote
-            root.screenshot(str(ARTIFACTS / f"offline-{Path(path).stem}.png"))
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         d.save_screenshot(str(ARTIFACTS / "offline-last-page.png"))
-        # No MathJax offline: the chapters' TeX is drawn as SVG images that load from the page.
-        maths = {p: (index.parent / p).read_text(encoding="utf-8").count('class="mlsys-math"')
-                 for p in pages}
-        assert sum(maths.values()) > 100, maths
-        most = max(maths, key=maths.get)
-        d.get((index.parent / most).as_uri())
-        _wait(d, "return [...document.images].every(i => i.complete);", 30, "math images")
-        sizes = d.execute_script("return [...document.querySelectorAll('img.mlsys-math')]"
-                                 ".map(i => i.naturalWidth);")
-        assert len(sizes) == maths[most] and all(w > 0 for w in sizes), sizes[:5]
-        formula = d.find_elements(By.CSS_SELECTOR, "img.mlsys-math")[0]
-        d.execute_script("arguments[0].scrollIntoView({block: 'center'});", formula)
-        d.save_screenshot(str(ARTIFACTS / "offline-math.png"))
 
 
 def test_offline_timelines_respond_without_a_kernel(tmp_path):

@@ -4,6 +4,7 @@ widget is live with controls and carries a static PNG."""
 
 import base64
 import json
+import math
 
 import matplotlib
 
@@ -163,7 +164,14 @@ def _view(live):
     bundle = live._repr_mimebundle_()
     _png(bundle["image/png"])
     assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert bundle[tv.MIMETYPE]["model"] == live.widget.model
+    assert bundle[tv.MIMETYPE]["model"] == tv.pack_model(live.widget.model)
+    packed = tv.pack_model(live.widget.model)
+    tick = packed["bars"]["tick"]
+    assert isinstance(packed["bars"]["start"], str) and tick <= 1e-7 * (
+        live.widget.model["t1"] - live.widget.model["t0"])
+    for b, u in zip(live.widget.model["bars"], tv.unpack_model(packed)["bars"], strict=True):
+        assert b[:2] + b[4:] == u[:2] + u[4:]                 # times to half a tick, rest exact
+        assert all(abs(b[i] - u[i]) <= tick / 2 + 2 * math.ulp(b[i]) for i in (2, 3))
     assert "VBox" not in bundle["text/plain"] and "TimelineView(" not in bundle["text/plain"]
     assert isinstance(live.widget, tv.TimelineView)
     return live.widget
@@ -274,3 +282,38 @@ def test_timeline_model_refuses_bad_bars():
         tv.timeline_model("t", ["a"], [[1, 0, 0.0, 1.0, 0, "", "", "k"]], style)
     with pytest.raises(ArgumentError, match="bad bar"):
         tv.timeline_model("t", ["a"], [[0, 0, 2.0, 1.0, 0, "", "", "k"]], style)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.floats(-5, 5),
+                          st.floats(0, 3), st.integers(0, 1), st.sampled_from(["", "a", "b c"])),
+                max_size=30), st.booleans())
+def test_packed_timeline_round_trips(rows, index_keys):
+    """The packed form (what a notebook stores) gives back every bar: the same lanes, styles,
+    labels, infos and keys, times to half a tick; and it is smaller than the list form."""
+    style = [{"name": "x", "color": "#000"}, {"name": "y", "color": "#111"}]
+    bars = [[lane, sub, start, start + length, s, label, label.upper(),
+             str(i) if index_keys else f"k{i}"]
+            for i, (lane, sub, start, length, s, label) in enumerate(rows)]
+    model = tv.timeline_model("t", ["a", "b", "c"], bars, style, subs=("p", "q", "r"))
+    packed = tv.pack_model(model)
+    assert tv.pack_model(packed) is packed and tv.unpack_model(model) is model
+    assert (packed["bars"]["keys"] is None) == (index_keys or not bars)
+    back = tv.unpack_model(json.loads(json.dumps(packed)))
+    tick = packed["bars"]["tick"]
+    assert len(back["bars"]) == len(bars)
+    for b, u in zip(bars, back["bars"]):
+        assert b[:2] + b[4:] == u[:2] + u[4:]
+        assert all(abs(b[i] - u[i]) <= tick / 2 + 4 * math.ulp(max(abs(b[i]), 1.0))
+                   for i in (2, 3))
+    if len(bars) >= 10:
+        assert len(json.dumps(packed, indent=1)) < len(json.dumps(model, indent=1))
+
+
+def test_unpack_refuses_a_damaged_column():
+    model = tv.timeline_model("t", ["a"], [[0, 0, 0.0, 1.0, 0, "x", "", "0"]],
+                              [{"name": "x", "color": "#000"}])
+    packed = tv.pack_model(model)
+    packed["bars"]["length"] += " 5"
+    with pytest.raises(ArgumentError, match="column"):
+        tv.unpack_model(packed)

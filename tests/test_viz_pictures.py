@@ -2,7 +2,7 @@
 tensors and values, charts fit their data (issue 17)."""
 
 import base64
-import json
+import math
 
 import matplotlib
 
@@ -151,7 +151,7 @@ def test_schedule_timeline_widget_holds_every_node_once_with_its_times():
     _check_bundle(bundle)
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert not any(p in bundle["text/plain"] for p in PLACEHOLDERS)
-    model = bundle[tv.MIMETYPE]["model"]
+    model = viz.schedule_model(events, "two workers")
     assert len(model["bars"]) == len(events)
     for b, e in zip(model["bars"], events):                   # each event once, times exact
         assert model["lanes"][b[0]] == f"{e.device}/{e.worker}"
@@ -159,7 +159,15 @@ def test_schedule_timeline_widget_holds_every_node_once_with_its_times():
         assert model["styles"][b[4]]["name"] == e.node.split("=")[-1].strip()
     assert model["t0"] == min(e.start for e in events)
     assert model["scale"] in (1.0, 1e-3, 1e-6, 1e-9) and model["unit"] in ("s", "ms", "µs", "ns")
-    assert json.dumps(model) == json.dumps(viz.schedule_model(events, "two workers"))
+    saved = bundle[tv.MIMETYPE]["model"]                      # what the notebook stores: packed
+    assert saved == tv.pack_model(model) and isinstance(saved["bars"]["lane"], str)
+    back = tv.unpack_model(saved)
+    tick = saved["bars"]["tick"]
+    assert tick <= 1e-7 * (model["t1"] - model["t0"])
+    for b, u in zip(model["bars"], back["bars"]):             # times to half a tick, rest exact
+        for i in (2, 3):                                       # (+ the float spacing there)
+            assert abs(b[i] - u[i]) <= tick / 2 + 2 * math.ulp(b[i])
+        assert b[:2] + b[4:] == u[:2] + u[4:]
     assert isinstance(schedule_widget(events, live=False), plt.Figure)
     plt.close("all")
 
@@ -171,13 +179,59 @@ def test_tex_becomes_svg_images_for_pages_without_mathjax():
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg and width > 0 and height > depth >= 0
     assert tex_svg(r"\frac{\partial L}{\partial W}")[0] == svg          # deterministic
     assert tex_svg(r"\text{Label}") is not None and tex_svg(r"\tfrac12") is not None
-    assert tex_svg(r"\begin{bmatrix}1&2\end{bmatrix}") is None          # beyond mathtext
+    assert tex_svg(r"\begin{aligned}a&=b\end{aligned}") is None          # beyond mathtext
     text = ("Loss $L = \\sum_i y_i^2$ costs $5 and $10.\n\n$$a = b^2$$\n\n"
-            "`code $x$` and\n```\n$y$\n```\n$\\begin{bmatrix}1\\end{bmatrix}$")
+            "`code $x$` and\n```\n$y$\n```\n$\\begin{aligned}1\\end{aligned}$")
     out = render_math(text)
     assert out.count('<img class="mlsys-math"') == 2
     assert 'alt="L = \\sum_i y_i^2"' in out and 'alt="a = b^2"' in out
     assert "display:block" in out.split('alt="a = b^2"')[1].split(">")[0]
     assert "costs $5 and $10." in out and "`code $x$`" in out and "```\n$y$\n```" in out
-    assert "$\\begin{bmatrix}1\\end{bmatrix}$" in out                  # left as TeX source
+    assert "$\\begin{aligned}1\\end{aligned}$" in out                  # left as TeX source
     assert render_math("no math here") == "no math here"
+
+
+def test_compared_schedules_share_one_view_each_from_its_own_start():
+    from mlsys_lab.viz import timeline_view as tv
+    from mlsys_lab.viz.timeline import plot_timelines, schedule_widget
+
+    serial = [_Event("c = matmul", 10.0, 10.004), _Event("d = matmul", 10.004, 10.008),
+              _Event("e = add", 10.008, 10.009)]
+    parallel = [_Event("c = matmul", 50.0, 50.004, worker=0),
+                _Event("d = matmul", 50.0005, 50.0045, worker=1),
+                _Event("e = add", 50.0045, 50.0055, worker=0)]
+    runs = {"serial": serial, "parallel": parallel}
+    model = viz.schedule_model(runs, "two runs")
+    assert model["lanes"] == ["cpu/0", "cpu/0", "cpu/1"]
+    assert model["groups"] == [{"title": "serial", "first": 0, "count": 1},
+                               {"title": "parallel", "first": 1, "count": 2}]
+    assert (model["t0"], model["t1"]) == (0.0, pytest.approx(0.009))   # the longer run's span
+    starts = {(b[0], b[5]): b[2] for b in model["bars"]}
+    assert starts[(0, "c = matmul")] == 0.0 and starts[(1, "c = matmul")] == 0.0  # own clocks
+    assert starts[(2, "d = matmul")] == pytest.approx(0.0005)
+    assert [b[7] for b in model["bars"]][:4] == ["r0e0:c = matmul", "r0e1:d = matmul",
+                                                 "r0e2:e = add", "r1e0:c = matmul"]
+    assert model["bars"][3][6].startswith("parallel: c = matmul on cpu/0: 0-4 ms")
+    assert {model["styles"][b[4]]["name"] for b in model["bars"]} == {"matmul", "add"}
+    fig = plot_timelines(runs, title="two runs")
+    assert [ax.get_title() for ax in fig.axes] == ["serial", "parallel"]
+    assert all(ax.get_xlim() == pytest.approx((0, 9.0)) for ax in fig.axes)   # one time axis
+    renderer = fig.canvas.get_renderer()
+    labelled = 0
+    for ax in fig.axes:                       # each label kept fits inside its bar as drawn
+        bars = [p.get_window_extent(renderer) for p in ax.patches]
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            assert any(b.x0 <= box.x0 and box.x1 <= b.x1 for b in bars), text.get_text()
+            labelled += 1
+    assert labelled >= 2                       # the 4 ms matmuls are wide enough to name
+    plt.close("all")
+    live = schedule_widget(runs, title="two runs", live=True)
+    bundle = live._repr_mimebundle_()
+    _check_bundle(bundle)
+    assert "in 2 runs" in bundle["text/plain"]
+    assert tv.unpack_model(bundle[tv.MIMETYPE]["model"])["groups"] == model["groups"]
+    assert isinstance(schedule_widget(runs, live=False), plt.Figure)
+    with pytest.raises(ml.errors.ArgumentError):
+        viz.schedule_model({})
+    plt.close("all")

@@ -11,7 +11,7 @@ from .memory_view import compare_table, memory_widget, plot_lifetimes
 from .picture import Picture
 from .pipeline_view import pipeline_model, pipeline_widget, plot_pipeline
 from .stepper import graph_stepper, live_at, show_step
-from .timeline import plot_timeline, schedule_model, schedule_widget
+from .timeline import plot_timeline, plot_timelines, schedule_model, schedule_widget
 from .timeline_view import timeline_model
 
 __all__ = ["show_graph", "draw_matplotlib", "has_dot", "plot_timeline", "plot_lifetimes",
@@ -19,4 +19,5 @@ __all__ = ["show_graph", "draw_matplotlib", "has_dot", "plot_timeline", "plot_li
            "collective_stepper", "plot_ring_step", "ring_allreduce_steps", "pipeline_widget",
            "plot_pipeline", "plot_cluster_timeline", "rank_summary", "timeline_widget",
            "explorer", "explorer_model", "graph_explorer", "memory_explorer", "Picture",
-           "schedule_widget", "timeline_model", "schedule_model", "pipeline_model", "trace_model"]
+           "schedule_widget", "timeline_model", "schedule_model", "pipeline_model", "trace_model",
+           "plot_timelines"]

@@ -22,19 +22,18 @@ notebook show.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from ..engine import memory
 from ..engine.graph import Graph
 from ..errors import ArgumentError
 from .graph_view import _layout, display_name, has_dot
 from .picture import Picture, figure_picture
+from .view_widget import STATIC, ViewWidget, traitlets
 
-__all__ = ["MIMETYPE", "Explorer", "explorer", "explorer_model", "graph_explorer",
+__all__ = ["MIMETYPE", "STATIC", "Explorer", "explorer", "explorer_model", "graph_explorer",
            "memory_explorer", "phases_of", "static_picture"]
 
 MIMETYPE = "application/vnd.mlsys-lab.explorer+json"  # the data, for the offline export
-STATIC = Path(__file__).with_name("static")
 PANES = ("graph", "memory", "both")
 
 
@@ -206,20 +205,15 @@ def static_picture(graph, order, step, planner, panes, strategies=None) -> Pictu
     return figure_picture(fig, alt)
 
 
-try:
-    import anywidget
-    import traitlets
-except ImportError:  # the static pictures still work
-    anywidget = None
-
-if anywidget is None:
+if ViewWidget is None:
     Explorer = None
 else:
-    class Explorer(anywidget.AnyWidget):
+    class Explorer(ViewWidget):
         """The linked graph/memory explorer (see the module's docstring). Synced state:
         ``step`` (schedule position), ``selected`` (a node or value key, "" for none),
         ``planner`` (the memory plan shown), ``panes`` ("graph", "memory" or "both")."""
 
+        MIMETYPE = MIMETYPE
         _esm = STATIC / "explorer.js"
         _css = STATIC / "explorer.css"
         model = traitlets.Dict().tag(sync=True)
@@ -241,14 +235,10 @@ else:
             """The still picture of the current state."""
             return static_picture(self._graph, self._order, self.step, self.planner, self.panes)
 
-        def _repr_mimebundle_(self, **kwargs):
-            bundle = super()._repr_mimebundle_(**kwargs)
-            data, meta = bundle if isinstance(bundle, tuple) else (bundle, {})
-            data = dict(data)
-            data.update(self.picture().bundle())
-            data[MIMETYPE] = {"model": self.model, "step": self.step, "selected": self.selected,
-                              "planner": self.planner, "panes": self.panes}
-            return (data, meta) if meta else data
+        def saved_state(self) -> dict:
+            """The data and the state the offline page boots from."""
+            return {"model": self.model, "step": self.step, "selected": self.selected,
+                    "planner": self.planner, "panes": self.panes}
 
 
 def explorer(graph, order=None, strategies=None, panes="both"):

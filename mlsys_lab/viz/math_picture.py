@@ -3,9 +3,11 @@
 :func:`tex_svg` draws one formula with matplotlib's mathtext (no LaTeX installation needed);
 :func:`render_math` replaces the ``$...$`` and ``$$...$$`` of a Markdown text by inline SVG
 images (alt text: the TeX source), leaving code spans and fences alone. Mathtext covers most of
-the chapters' formulas; a few common LaTeX spellings it lacks are rewritten first (``\\text`` as
-``\\mathrm``, ``\\tfrac`` as ``\\frac``, ``\\big`` delimiters as plain ones), and a formula it still
-cannot draw stays as TeX source.
+the chapters' formulas; the LaTeX it lacks is rewritten first into notation it draws: ``\\text``
+as ``\\mathrm``, ``\\tfrac`` as ``\\frac``, ``\\big`` delimiters as plain ones, ``\\bmod`` and
+``\\pmod`` as an upright "mod", and matrices (``bmatrix``, ``pmatrix``, ...) as columns of stacked
+entries between stretched fences. A formula it still cannot draw stays as TeX source (a test
+checks that no committed chapter has one).
 """
 
 from __future__ import annotations
@@ -27,11 +29,41 @@ _REWRITES = (
     (re.compile(r"\\frac\s*(\d)\s*(\d)"), r"\\frac{\1}{\2}"),
     (re.compile(r"\\[bB]igg?[lr]?(?![a-zA-Z])"), ""),
     (re.compile(r"\\(mathsf|mathbb|mathrm|mathcal|mathbf)\s*([A-Za-z0-9])"), r"\\\1{\2}"),
+    (re.compile(r"\\pmod\s*\{([^{}]*)\}"), r"\\ (\\mathrm{mod}\\ \1)"),
+    (re.compile(r"\\b?mod(?![a-zA-Z])"), r"\\,\\mathrm{mod}\\,"),
     (re.compile(r"\s*\n\s*"), " "),
 )
 
 
+_MATRIX = re.compile(r"\\begin\{([bpBvV]?matrix)\}(.*?)\\end\{\1\}", re.S)
+_FENCES = {"matrix": ("", ""), "bmatrix": ("[", "]"), "pmatrix": ("(", ")"),
+           "Bmatrix": (r"\{", r"\}"), "vmatrix": ("|", "|"), "Vmatrix": (r"\Vert", r"\Vert")}
+
+
+def _stack(entries):
+    """One column of a matrix as nested rule-less fractions (mathtext has no arrays)."""
+    if len(entries) == 1:
+        return "{" + entries[0] + "}"
+    return r"\genfrac{}{}{0}{0}{" + entries[0] + "}{" + _stack(entries[1:]) + "}"
+
+
+def _matrix(match) -> str:
+    """A ``\\begin{bmatrix} ... \\end{bmatrix}`` (and its p/B/v/V/plain kin) in notation mathtext
+    draws: each column a stack of its entries, centred like LaTeX's, between stretched fences."""
+    rows = [[cell.strip() or r"\,"
+             for cell in row.split("&")] for row in re.split(r"\\\\", match.group(2))
+            if row.strip()]
+    width = max(len(row) for row in rows)
+    rows = [row + [r"\,"] * (width - len(row)) for row in rows]
+    columns = r"\quad ".join(_stack([row[j] for row in rows]) for j in range(width))
+    left, right = _FENCES[match.group(1)]
+    if not left:
+        return "{" + columns + "}"
+    return rf"\left{left}\,{columns}\,\right{right}"
+
+
 def _normal(tex: str) -> str:
+    tex = _MATRIX.sub(_matrix, tex)
     for pattern, replacement in _REWRITES:
         tex = pattern.sub(replacement, tex)
     return tex.strip()

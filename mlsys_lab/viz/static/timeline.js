@@ -1,8 +1,11 @@
 // mlsys-lab timeline view (anywidget front end; no dependencies, no network).
 // The model's data comes from mlsys_lab.viz.timeline_view (timeline_model and its builders):
 // lanes (devices, stages, ranks), optional sub-lanes, and bars
-// [lane, sub, start, end, style, label, info, key]. The same code runs in JupyterLab (model = the
-// anywidget model) and in the offline HTML export (a stand-in model over the saved state).
+// [lane, sub, start, end, style, label, info, key], which arrive packed column-wise (pack_model:
+// integer columns in strings with runs as v*n, times in ticks, start as differences and end as a
+// length, labels/infos as indices into tables) and are unpacked here. The same code runs in JupyterLab
+// (model = the anywidget model) and in the offline HTML export (a stand-in model over the saved
+// state).
 // Hover a bar: its op/message. Click a bar: select it (and put the time cursor on it). Click the
 // background: move the time cursor; the bars running then are outlined. Wheel: zoom in time;
 // drag: pan; double-click: the whole run.
@@ -21,12 +24,34 @@ function fmt(x) {
   return a !== 0 && (a < 1e-3 || a >= 1e5) ? x.toExponential(2) : String(+x.toPrecision(4));
 }
 
+// The bars of a model packed by mlsys_lab.viz.timeline_view.pack_model, as a list again.
+function unpack(data) {
+  const p = data.bars;
+  if (Array.isArray(p)) return data;
+  const col = (s) => {
+    const v = [];
+    for (const token of s.trim() ? s.trim().split(/\s+/) : []) {   // "v*n": n times v
+      const [value, count] = token.split("*");
+      for (let k = 0; k < (count === undefined ? 1 : +count); k++) v.push(+value);
+    }
+    if (v.length !== p.count) throw new Error(`timeline: a column holds ${v.length} of ${p.count}`);
+    return v;
+  };
+  const [lane, sub, start, length, style, label, info] =
+    ["lane", "sub", "start", "length", "style", "label", "info"].map((k) => col(p[k]));
+  for (let i = 1; i < start.length; i++) start[i] += start[i - 1];   // stored as differences
+  const bars = lane.map((_, i) => [lane[i], sub[i], data.t0 + start[i] * p.tick,
+    data.t0 + (start[i] + length[i]) * p.tick, style[i], p.labels[label[i]], p.infos[info[i]],
+    p.keys ? p.keys[i] : String(i)]);
+  return Object.assign({}, data, { bars });
+}
+
 function render({ model, el: root }) {
   root.classList.add("mlsys-timeline");
   let hovered = "";
 
   function draw() {
-    const data = model.get("model");
+    const data = unpack(model.get("model"));
     const offline = !!model.get("offline");
     root.innerHTML = "";
     const bar = el("div", { class: "tl-bar" }, root, null);
@@ -68,6 +93,12 @@ function render({ model, el: root }) {
     const laneH = subs > 1 ? 7 * subs + 6 : 22, headH = 18, L = 120, R = 12, W = 900, axisH = 30;
     const groups = data.groups || [];
     const headOf = new Map(groups.map((g) => [g.first, g]));
+    // a lane as the readout names it: with its group's short name (up to a colon) when the
+    // groups repeat lane names (compared runs, schedules)
+    const laneName = data.lanes.map((name, i) => {
+      const g = groups.find((x) => x.first <= i && i < x.first + x.count);
+      return g ? `${g.title.split(":")[0]} ${name}` : name;
+    });
     const laneY = [];
     let y = 6;
     data.lanes.forEach((_, i) => {
@@ -101,7 +132,7 @@ function render({ model, el: root }) {
     const styles = data.styles || [];
     const bars = data.bars.map((b) => {
       const [lane, sub, start, end, style, label, given, key] = b;
-      const info = given || `${label} on ${data.lanes[lane]}, ${fmt((start - data.t0) / data.scale)}-` +
+      const info = given || `${label} on ${laneName[lane]}, ${fmt((start - data.t0) / data.scale)}-` +
         `${fmt((end - data.t0) / data.scale)} ${data.unit}`;
       const top = laneY[lane] + (subs > 1 ? 3 + sub * 7 : 3);
       const h = subs > 1 ? 6 : laneH - 6;
@@ -142,7 +173,9 @@ function render({ model, el: root }) {
       const span = view[1] - view[0];
       const raw = span / 8, mag = Math.pow(10, Math.floor(Math.log10(raw)));
       const step = [1, 2, 5, 10].map((k) => k * mag).find((s) => s >= raw);
-      for (let t = Math.ceil(view[0] / step) * step; t <= view[1] + 1e-12 * span; t += step) {
+      // ticks at round times from t0 (a schedule's clock starts far from zero)
+      for (let t = data.t0 + Math.ceil((view[0] - data.t0) / step - 1e-9) * step;
+        t <= view[1] + 1e-9 * span; t += step) {
         const x = sx(t);
         el("line", { x1: x, x2: x, y1: H - axisH, y2: H - axisH + 4, class: "tl-axis" }, axis);
         el("text", { x, y: H - axisH + 15, "text-anchor": "middle", class: "tl-tick" }, axis)
@@ -164,7 +197,7 @@ function render({ model, el: root }) {
       if (c >= 0) {
         const now = at(c);
         parts.push(`t = ${fmt((c - data.t0) / data.scale)} ${data.unit}: ${now.length} running` +
-          (now.length ? " (" + now.slice(0, 6).map((b) => data.lanes[b.lane] + " " +
+          (now.length ? " (" + now.slice(0, 6).map((b) => laneName[b.lane] + " " +
             (b.label || b.info)).join(", ") + (now.length > 6 ? ", …" : "") + ")"
             : ""));
       }
