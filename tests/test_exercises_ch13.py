@@ -119,6 +119,21 @@ def test_sparse_grad_library_is_refused():
     assert result.score == 0 and "off limits" in feedback(result), feedback(result)
 
 
+def through_the_fast_kernels(ids, offsets, grad_out, num_rows, mode):
+    """The library's hash-merged backward (or its pieces): refused like the op itself."""
+    from mlsys_lab.engine import ops_sparse
+
+    r = ops_sparse.sparse_bag_grad(np.asarray(grad_out), np.asarray(ids, np.int64),
+                                   np.asarray(offsets, np.int64), num_rows, mode)
+    order = np.argsort(r.indices)
+    return r.indices[order], r.values[order]
+
+
+def test_the_fast_backward_is_refused_too():
+    result = run_cases("13.1", through_the_fast_kernels, seed=0)
+    assert result.score == 0 and "off limits" in feedback(result), feedback(result)
+
+
 def test_a_dense_gradient_fails_the_sparse_case():
     result = run_cases("13.1", dense_gradient, seed=1)
     fails(result, "only the touched rows")
