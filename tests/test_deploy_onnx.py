@@ -374,12 +374,12 @@ NOT_EXACT = {
 }
 
 
-#: Ops that export but do not import, with the reason; tests/test_deploy_qdq.py checks their
-#: export against onnxruntime instead.
+#: Ops whose round trip is checked elsewhere, with where: a QDQ model needs calibrated scales,
+#: which the random cases here do not make.
 EXPORT_ONLY = {
-    "quantize_linear": "int8 is no Tensor dtype of mlsys_lab, so an int8 initializer cannot be "
-                       "read back",
-    "dequantize_linear": "the same: its input is the int8 tensor",
+    "quantize_linear": "tests/test_deploy_qdq.py: export, import and run within one step of "
+                       "onnxruntime",
+    "dequantize_linear": "the same, with quantize_linear",
 }
 
 
@@ -639,9 +639,9 @@ def test_an_unsupported_attribute_is_named():
 
 
 def test_unsupported_dtype_and_symbolic_dimension():
-    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_info("x", [2], TensorProto.INT16)],
-                   [_info("y", [2], TensorProto.INT16)])
-    with pytest.raises(DTypeError, match="int16 is not supported"):
+    model = _model([helper.make_node("Identity", ["x"], ["y"])],
+                   [_info("x", [2], TensorProto.STRING)], [_info("y", [2], TensorProto.STRING)])
+    with pytest.raises(DTypeError, match="dtype object is not supported"):
         import_onnx(model)
     batch = _model([helper.make_node("Relu", ["x"], ["y"])], [_info("x", ["N", 3])],
                    [_info("y", ["N", 3])])

@@ -233,6 +233,8 @@ class ImportContext:
         shape rule)."""
         op = get(op_name)
         vals = [x if isinstance(x, Value) else self.constant(x) for x in inputs]
+        if not op.storage and any(v.dtype == dtypes.bfloat16 for v in vals):
+            return self._in_float32(op_name, vals, attrs)
         try:
             aval = op.infer(*[v.aval for v in vals], **attrs)
         except MLSysError as e:
@@ -242,6 +244,16 @@ class ImportContext:
         self.nodes.append(node)
         self._producer[id(out)] = node
         return out
+
+    def _in_float32(self, op_name, vals, attrs):
+        """``op_name`` on bfloat16 values as ONNX's reference runtime computes it: the inputs
+        widened to float32, the op computed there and a float32 result rounded back to
+        bfloat16 (bfloat16 is a storage dtype: no registry op computes in it)."""
+        wide = [self.emit("cast", v, dtype=dtypes.float32) if v.dtype == dtypes.bfloat16
+                else v for v in vals]
+        out = self.emit(op_name, *wide, **attrs)
+        return self.emit("cast", out, dtype=dtypes.bfloat16) if out.dtype == dtypes.float32 \
+            else out
 
     def prepare(self, op_name, *inputs, **attrs):
         """:meth:`emit` for preparing a parameter inside a decomposition (a Conv bias reshaped

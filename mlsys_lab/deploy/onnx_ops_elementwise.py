@@ -299,16 +299,78 @@ def _ex_cast(ctx, node):
              to=ctx.onnx_dtype(node.attrs["dtype"]))
 
 
+#: float8 formats whose ONNX Cast saturates by default (``saturate=1``): out-of-range values
+#: and infinities become the largest finite value of the sign.
+_SATURATING = (dtypes.float8_e4m3fn, dtypes.float8_e4m3fnuz, dtypes.float8_e5m2,
+               dtypes.float8_e5m2fnuz)
+
+
+def onnx_cast(ctx, node, x, dt, a):
+    """``x`` cast to ``dt`` with ONNX Cast semantics: numpy / ml_dtypes ``astype`` (round to
+    nearest even; NaN stays NaN; sub-byte integers wrap), except that a float8 target with
+    ``saturate=1`` (the default) first clamps to the format's finite range, as
+    ``onnx.reference``'s ``saturate_cast`` does. A cast to float8_e8m0fnu (a power of two)
+    follows ``round_mode`` ('up' or 'down'; see :func:`_e8m0_power`)."""
+    saturate = int(a.get("saturate", 1))
+    if dt == dtypes.float8_e8m0fnu and x.dtype != dt:
+        return ctx.emit("cast", _e8m0_power(ctx, node, x, a, saturate), dtype=dt)
+    if dt in _SATURATING and saturate and x.dtype != dt:
+        if not (dtypes.is_float(x.dtype) or x.dtype == dtypes.bfloat16):
+            x = ctx.emit("cast", x, dtype=dtypes.float32)
+        import ml_dtypes
+
+        m = float(ml_dtypes.finfo(dt).max)
+        x = ctx.emit("maximum", ctx.emit("minimum", x, np.asarray(m, x.dtype)),
+                     np.asarray(-m, x.dtype))
+    return ctx.emit("cast", x, dtype=dt)
+
+
+def _e8m0_power(ctx, node, x, a, saturate):
+    """The power of two ONNX's Cast to float8_e8m0fnu gives for ``x``, as float64 (exact),
+    NaN where the result is NaN; ONNX's reference reads the exponent bits of ``x`` as
+    float32: the sign is dropped, 'up' rounds a value that is no power of two to the next one
+    and 'down' keeps its exponent, a float32 subnormal has exponent field 0 (2**-127, or
+    2**-126 rounded up), NaN and inf become NaN, and above 2**127 ``saturate`` keeps 2**127
+    (else NaN). ``floor(log2 |x|)`` comes from ``log`` within one and is then made exact by
+    comparing with powers of two (which float64 holds exactly)."""
+    mode = a.get("round_mode", "up")
+    if mode not in ("up", "down"):
+        ctx.fail(node, f"round_mode {mode!r} to float8_e8m0fnu is not supported ('up', "
+                       f"'down')")
+    e, f64 = ctx.emit, dtypes.float64
+
+    def c(v):
+        return np.asarray(v, f64)
+
+    f32 = x if x.dtype == dtypes.float32 else e("cast", x, dtype=dtypes.float32)
+    mag = e("abs", e("cast", f32, dtype=f64))
+    finite = e("lt", mag, c(np.inf))
+    normal = e("where", finite, e("maximum", mag, c(2.0 ** -126)), c(1.0))
+    log2 = e("div", e("log", normal), c(np.log(2.0)))
+    k = e("sub", e("cast", e("cast", e("add", log2, c(200.0)), dtype=dtypes.int64), dtype=f64),
+          c(200.0))  # floor of a positive number: the cast truncates
+    k = e("where", e("gt", e("pow", c(2.0), k), normal), e("sub", k, c(1.0)), k)
+    k = e("where", e("le", e("pow", c(2.0), e("add", k, c(1.0))), normal), e("add", k, c(1.0)),
+          k)  # now 2**k <= |x| < 2**(k + 1)
+    if mode == "up":
+        k = e("where", e("gt", normal, e("pow", c(2.0), k)), e("add", k, c(1.0)), k)
+    low = e("where", e("gt", mag, c(0.0)), c(-126.0), c(-127.0)) if mode == "up" else c(-127.0)
+    k = e("where", e("lt", mag, c(2.0 ** -126)), low, k)
+    k = e("minimum", k, c(127.0)) if saturate else k
+    power = e("where", e("gt", k, c(127.0)), c(np.nan), e("pow", c(2.0), k))
+    return e("where", finite, power, c(np.nan))
+
+
 def _im_cast(ctx, node, a):
     if "to" not in a:
         ctx.fail(node, "attribute 'to' is required")
     dt = ctx.numpy_dtype(a["to"], f"import_onnx: {node.label()}: 'to'")
-    return [ctx.emit("cast", ctx.input(node, 0), dtype=dt)]
+    return [onnx_cast(ctx, node, ctx.input(node, 0), dt, a)]
 
 
 def _im_cast_like(ctx, node, a):
     x, like = ctx.inputs(node)
-    return [ctx.emit("cast", x, dtype=like.dtype)]
+    return [onnx_cast(ctx, node, x, like.dtype, a)]
 
 
 def _im_dropout(ctx, node, a):

@@ -209,10 +209,13 @@ def _transpose_geometry(ctx, node, a, x, kernel):
 def _im_conv_transpose(ctx, node, a):
     x, w, b = ctx.input(node, 0), ctx.input(node, 1), ctx.input(node, 2)
     kernel = list(a.get("kernel_shape", w.shape[2:]))
-    if tuple(kernel) != tuple(w.shape[2:]) or len(x.shape) not in (3, 4):
-        ctx.fail(node, f"only 1-D and 2-D transposed convolutions with kernel_shape equal to "
-                       f"the weight's {w.shape[2:]} import")
+    if tuple(kernel) != tuple(w.shape[2:]) or len(x.shape) not in (3, 4, 5):
+        ctx.fail(node, f"only 1-D, 2-D and 3-D transposed convolutions with kernel_shape equal "
+                       f"to the weight's {w.shape[2:]} import")
     strides, dilations, begins, outs = _transpose_geometry(ctx, node, a, x, kernel)
+    if len(x.shape) == 5:
+        return [_conv_transpose_3d(ctx, x, w, b, strides, dilations, begins, outs,
+                                   a.get("group", 1))]
     one_d = len(x.shape) == 3
     if one_d:
         x, w = _lift_1d(ctx, x), _lift_1d(ctx, w, ctx.prepare)
@@ -239,6 +242,35 @@ def _im_conv_transpose(ctx, node, a):
     if one_d:
         y = ctx.emit("reshape", y, shape=y.shape[:2] + y.shape[3:])
     return [y]
+
+
+def _conv_transpose_3d(ctx, x, w, b, strides, dilations, begins, outs, group):
+    """A 3-D transposed convolution as 2-D ones: input depth slice ``i`` through kernel depth
+    slice ``k`` lands on output depth ``i * stride + k * dilation``; the slabs are summed per
+    depth, stacked, and the window ``[begin, begin + out)`` of each axis is cut (zeros where
+    it runs past the natural size, as output_padding asks)."""
+    n, c_out = x.shape[0], w.shape[1] * group
+    natural = [s * (m - 1) + (k - 1) * d + 1 for s, m, k, d in
+               zip(strides, x.shape[2:], w.shape[2:], dilations)]
+    attrs = conv_attrs("conv2d_grad_input", strides[1:], (0, 0), dilations[1:], group)
+    slabs = [None] * natural[0]
+    for i in range(x.shape[2]):
+        xi = ctx.emit("getitem", x, index=canonical_index((slice(None), slice(None), i)))
+        for k in range(w.shape[2]):
+            wk = ctx.prepare("getitem", w, index=canonical_index((slice(None), slice(None), k)))
+            part = ctx.emit("conv2d_grad_input", xi, wk,
+                            x_shape=(n, c_out) + tuple(natural[1:]), **attrs)
+            z = i * strides[0] + k * dilations[0]
+            slabs[z] = part if slabs[z] is None else ctx.emit("add", slabs[z], part)
+    zeros = np.zeros((n, c_out) + tuple(natural[1:]), x.dtype)
+    y = ctx.emit("stack", *[ctx.constant(zeros) if v is None else v for v in slabs], axis=2)
+    need = [max(f, p + o) for f, p, o in zip(natural, begins, outs)]
+    y = _explicit_pad(ctx, y, [0, 0, 0], [m - f for m, f in zip(need, natural)], 0.0)
+    y = ctx.emit("getitem", y, index=canonical_index(
+        (slice(None), slice(None)) + tuple(slice(p, p + o) for p, o in zip(begins, outs))))
+    if b is not None:
+        y = ctx.emit("add", y, ctx.prepare("reshape", b, shape=(1, c_out, 1, 1, 1)))
+    return y
 
 
 def _ceil_extra(size, kernel, stride, begin, end):
@@ -308,11 +340,54 @@ def _taps(ctx, x, kernel, strides, dilations, combine, make=None):
     return y
 
 
+def _tap_indices(x_shape, tap, begins, strides, dilations, outs, column_major):
+    """For one tap of a pooling window: the flat index into ``x`` (ONNX MaxPool's Indices:
+    batch and channel included, padding not counted; ``storage_order=1`` orders the spatial
+    axes column-major, the batch and channel offset staying row-major, as ONNX's reference
+    and onnxruntime do) of the element it reads, per output position, as an int64 array of
+    the output's shape."""
+    coords = [t * d - b + s * np.arange(o) for t, d, b, s, o in
+              zip(tap, dilations, begins, strides, outs)]
+    n, c = x_shape[:2]
+    grids = np.meshgrid(np.arange(n), np.arange(c), *coords, indexing="ij")
+    spatial = list(x_shape[2:])
+    order = range(len(spatial)) if column_major else range(len(spatial) - 1, -1, -1)
+    flat, step = np.zeros(grids[0].shape, np.int64), 1
+    for axis in order:
+        flat += grids[2 + axis].astype(np.int64) * step
+        step *= spatial[axis]
+    return flat + (grids[0].astype(np.int64) * c + grids[1]) * step
+
+
+def _maxpool_with_indices(ctx, node, a, x, kernel, strides, dilations, begins, ends):
+    """MaxPool's two outputs over the window's taps: the running maximum and, where a tap's
+    value is strictly greater (the first maximum wins, as in ONNX's reference), its index."""
+    low = -np.inf if dtypes.is_float(x.dtype) else np.iinfo(x.dtype).min
+    xp = _explicit_pad(ctx, x, begins, ends, low)
+    outs = [(n - ((k - 1) * d + 1)) // s + 1 for n, k, s, d in
+            zip(xp.shape[2:], kernel, strides, dilations)]
+    column_major = bool(a.get("storage_order", 0))
+    best = idx = None
+    for tap in np.ndindex(*kernel):
+        index = (slice(None), slice(None)) + tuple(
+            slice(t * d, t * d + s * (o - 1) + 1, s if s != 1 else None)
+            for t, d, s, o in zip(tap, dilations, strides, outs))
+        part = ctx.emit("getitem", xp, index=canonical_index(index))
+        where = _tap_indices(x.shape, tap, begins, strides, dilations, outs, column_major)
+        if best is None:
+            best, idx = part, ctx.constant(where)
+            continue
+        greater = ctx.emit("gt", part, best)
+        best = ctx.emit("where", greater, part, best)
+        idx = ctx.emit("where", greater, ctx.constant(where), idx)
+    return [best, idx]
+
+
 def _im_maxpool(ctx, node, a):
     x = ctx.input(node, 0)
-    if len(node.outputs) > 1 and node.outputs[1] and ctx.uses_name(node.outputs[1]):
-        ctx.fail(node, "the Indices output is not supported")
     kernel, strides, dilations, begins, ends, direct = _pool_plan(ctx, node, a, x)
+    if len(node.outputs) > 1 and node.outputs[1] and ctx.uses_name(node.outputs[1]):
+        return _maxpool_with_indices(ctx, node, a, x, kernel, strides, dilations, begins, ends)
     if direct and dtypes.is_float(x.dtype):
         return [_pool2d(ctx, "max_pool2d", x, kernel, strides, begins)]
     low = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
@@ -398,7 +473,14 @@ def _im_one_hot(ctx, node, a):
         idx = p("cast", idx, dtype=dtypes.int64)
     if idx.dtype.kind == "i":  # ONNX counts negative indices from the end
         idx = p("where", p("lt", idx, _scalar(0, idx)), p("add", idx, _scalar(depth, idx)), idx)
+    # an index outside [-depth, depth) gives a row of off values (one_hot itself refuses it)
+    inside = p("lt", idx, _scalar(depth, idx))
+    if idx.dtype.kind == "i":
+        inside = p("where", p("ge", idx, _scalar(0, idx)), inside, np.asarray(False))
+    idx = p("where", inside, idx, _scalar(0, idx))
     y = ctx.emit("one_hot", idx, num_classes=depth, dtype=np.dtype(values.dtype))
+    y = ctx.emit("where", p("reshape", inside, shape=tuple(inside.shape) + (1,)), y,
+                 _scalar(0, y))
     if (off, on) != (0, 1):
         y = ctx.emit("add", ctx.emit("mul", y, _scalar(on - off, y)), _scalar(off, y))
     axis = _axis(ctx, node, a.get("axis", -1), len(y.shape))

@@ -12,79 +12,137 @@ from ..engine.dispatch import apply
 from ..engine.ops_math import ge, le, where
 from ..engine.registry import REGISTRY, AVal, defop
 from ..errors import ArgumentError, DTypeError, ShapeError
-from .quant_params import QUANT_DTYPES, QParams, along
-
+from .quant_params import QParams, along
 
 # --- ops: QuantizeLinear / DequantizeLinear ------------------------------------------------------
-def _channel_axis(name, x, s, z, axis):
-    """The checked axis (None: per tensor) of a Q/DQ node whose data is ``x``."""
+#: The integer types a zero point (QuantizeLinear's output, DequantizeLinear's input) may have,
+#: with their saturation ranges (int32 only as DequantizeLinear's input: a bias).
+INT_QTYPES = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32,
+              dtypes.int4, dtypes.uint4, dtypes.int2, dtypes.uint2)
+#: The float8 types: QuantizeLinear saturates to their finite range (``saturate=True``) or
+#: casts (out of range: NaN or inf); their zero point must be 0.
+FLOAT8_QTYPES = (dtypes.float8_e4m3fn, dtypes.float8_e4m3fnuz, dtypes.float8_e5m2,
+                 dtypes.float8_e5m2fnuz)
+#: Every quantised type.
+QTYPES = INT_QTYPES + FLOAT8_QTYPES + (dtypes.float4_e2m1fn,)
+
+
+def _qrange(dt):
+    import ml_dtypes
+
+    info = ml_dtypes.iinfo(dt)
+    return int(info.min), int(info.max)
+
+
+def _channel_axis(name, x, s, z, axis, block_size=0):
+    """The checked axis (None: per tensor) of a Q/DQ node whose data is ``x``: a scalar
+    scale is per tensor, a 1-D one per channel along ``axis``, and with ``block_size`` > 0
+    the scale has ``x``'s shape but ``ceil(n / block_size)`` on ``axis`` (blocked)."""
     if tuple(s.shape) != tuple(z.shape):
         raise ShapeError(f"{name}: scale {tuple(s.shape)} and zero point {tuple(z.shape)} "
                          f"must have one shape")
     if not dtypes.is_float(s.dtype):
         raise DTypeError(f"{name}: the scale must be floating, got {s.dtype}")
-    if len(s.shape) == 0 or tuple(s.shape) == (1,):
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+            or block_size < 0:
+        raise ArgumentError(f"{name}: block_size must be an integer >= 0, got {block_size!r}")
+    if (len(s.shape) == 0 or tuple(s.shape) == (1,)) and not block_size:
         return None
-    if len(s.shape) != 1:
+    if len(s.shape) != 1 and not block_size:
         raise ShapeError(f"{name}: the scale must be a scalar or 1-D, got {tuple(s.shape)}")
     n = len(x.shape)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -n <= axis < n:
         raise ShapeError(f"{name}: axis {axis!r} out of range for input {tuple(x.shape)}")
+    ax = int(axis) % n
+    if block_size:
+        want = list(x.shape)
+        want[ax] = -(-x.shape[ax] // block_size)
+        if tuple(s.shape) != tuple(want):
+            raise ShapeError(f"{name}: blocks of {block_size} along axis {ax} of input "
+                             f"{tuple(x.shape)} need a scale of shape {tuple(want)}, got "
+                             f"{tuple(s.shape)}")
+        return ax
     if x.shape[axis] != s.shape[0]:
         raise ShapeError(f"{name}: {s.shape[0]} scales but input {tuple(x.shape)} has "
                          f"{x.shape[axis]} channels on axis {axis}")
-    return int(axis) % n
+    return ax
 
 
-def _q_infer(x, s, z, axis=1):
+def _expand(a, ax, shape, block_size):
+    """Scale or zero point ``a`` broadcastable to ``shape`` (per tensor, per channel along
+    ``ax`` or, with ``block_size``, repeated over each block of ``ax``)."""
+    if block_size:
+        return np.repeat(a, block_size, axis=ax).take(range(shape[ax]), axis=ax)
+    return along(a, ax, len(shape))
+
+
+def _q_infer(x, s, z, axis=1, block_size=0, saturate=True):
     if not dtypes.is_float(x.dtype):
         raise DTypeError(f"quantize_linear: expects a floating input, got {x.dtype}")
-    if np.dtype(z.dtype) not in QUANT_DTYPES:
-        raise DTypeError(f"quantize_linear: the zero point's dtype (the output's) must be one of "
-                         f"int8, uint8, int32, got {z.dtype}")
-    _channel_axis("quantize_linear", x, s, z, axis)
+    if np.dtype(z.dtype) not in QTYPES or np.dtype(z.dtype) == dtypes.int32:
+        names = ", ".join(d.name for d in QTYPES if d != dtypes.int32)
+        raise DTypeError(f"quantize_linear: the zero point's dtype (the output's) must be one "
+                         f"of {names}, got {z.dtype}")
+    _channel_axis("quantize_linear", x, s, z, axis, block_size)
     return AVal(tuple(x.shape), np.dtype(z.dtype))
 
 
-def _q_np(x, s, z, axis=1):
-    ax = _channel_axis("quantize_linear", x, s, z, axis)
-    info = np.iinfo(z.dtype)
+def _q_np(x, s, z, axis=1, block_size=0, saturate=True):
+    ax = _channel_axis("quantize_linear", x, s, z, axis, block_size)
     work = np.result_type(x.dtype, s.dtype)
-    q = np.rint(x.astype(work) / along(s, ax, x.ndim).astype(work))
-    q = q + along(z, ax, x.ndim).astype(np.float64)
-    return np.clip(q, info.min, info.max).astype(z.dtype)
+    t = x.astype(work) / _expand(s, ax, x.shape, block_size).astype(work)
+    zq = _expand(z, ax, x.shape, block_size).astype(np.float64)
+    if z.dtype in INT_QTYPES:
+        lo, hi = _qrange(z.dtype)
+        return np.clip(np.rint(t) + zq, lo, hi).astype(z.dtype)
+    import ml_dtypes
+
+    t = t.astype(np.float64) + zq
+    if z.dtype in FLOAT8_QTYPES and saturate:
+        m = float(ml_dtypes.finfo(z.dtype).max)
+        t = np.clip(t, -m, m)  # NaN stays NaN
+    return t.astype(np.float32).astype(z.dtype)  # float4: ml_dtypes saturates by itself
 
 
-def _dq_infer(q, s, z, axis=1):
-    if np.dtype(q.dtype) not in QUANT_DTYPES:
-        raise DTypeError(f"dequantize_linear: expects int8, uint8 or int32 data, got {q.dtype}")
+def _dq_infer(q, s, z, axis=1, block_size=0):
+    if np.dtype(q.dtype) not in QTYPES:
+        names = ", ".join(d.name for d in QTYPES)
+        raise DTypeError(f"dequantize_linear: expects data of {names}, got {q.dtype}")
     if q.dtype != z.dtype:
         raise DTypeError(f"dequantize_linear: data {q.dtype} and zero point {z.dtype} differ")
-    _channel_axis("dequantize_linear", q, s, z, axis)
+    _channel_axis("dequantize_linear", q, s, z, axis, block_size)
     return AVal(tuple(q.shape), np.dtype(s.dtype))
 
 
-def _dq_np(q, s, z, axis=1):
-    ax = _channel_axis("dequantize_linear", q, s, z, axis)
-    diff = q.astype(np.int64) - along(z, ax, q.ndim).astype(np.int64)
-    return diff.astype(s.dtype) * along(s, ax, q.ndim)
+def _dq_np(q, s, z, axis=1, block_size=0):
+    ax = _channel_axis("dequantize_linear", q, s, z, axis, block_size)
+    work = np.int64 if q.dtype in INT_QTYPES else np.float32
+    diff = q.astype(work) - _expand(z, ax, q.shape, block_size).astype(work)
+    return diff.astype(s.dtype) * _expand(s, ax, q.shape, block_size)
 
 
 QUANTIZE_LINEAR = REGISTRY.get("quantize_linear") or defop(
-    "quantize_linear", compute=_q_np, infer=_q_infer)
+    "quantize_linear", compute=_q_np, infer=_q_infer, storage=True)
 DEQUANTIZE_LINEAR = REGISTRY.get("dequantize_linear") or defop(
-    "dequantize_linear", compute=_dq_np, infer=_dq_infer)
+    "dequantize_linear", compute=_dq_np, infer=_dq_infer, storage=True)
 
 
-def quantize_linear(x, scale, zero_point, axis=1):
+def quantize_linear(x, scale, zero_point, axis=1, block_size=0, saturate=True):
     """ONNX QuantizeLinear: ``saturate(round(x / scale) + zero_point)`` in the zero point's
-    dtype (round half to even); a 1-D scale quantises per channel along ``axis``."""
-    return apply(QUANTIZE_LINEAR, x, scale, zero_point, axis=axis)
+    dtype (round half to even); a 1-D scale quantises per channel along ``axis``, and with
+    ``block_size`` > 0 each scale covers a block of that many elements along ``axis``. A
+    float8 zero point (it must be 0) makes the output float8: ``x / scale`` rounded to it,
+    clamped to its finite range when ``saturate``."""
+    extra = {k: v for k, v in (("block_size", block_size), ("saturate", saturate))
+             if v != {"block_size": 0, "saturate": True}[k]}
+    return apply(QUANTIZE_LINEAR, x, scale, zero_point, axis=axis, **extra)
 
 
-def dequantize_linear(q, scale, zero_point, axis=1):
-    """ONNX DequantizeLinear: ``(q - zero_point) * scale`` in the scale's dtype."""
-    return apply(DEQUANTIZE_LINEAR, q, scale, zero_point, axis=axis)
+def dequantize_linear(q, scale, zero_point, axis=1, block_size=0):
+    """ONNX DequantizeLinear: ``(q - zero_point) * scale`` in the scale's dtype (blocked as
+    :func:`quantize_linear` with ``block_size``)."""
+    extra = {"block_size": block_size} if block_size else {}
+    return apply(DEQUANTIZE_LINEAR, q, scale, zero_point, axis=axis, **extra)
 
 
 # --- op: fake_quant with a straight-through estimator ---------------------------------------------

@@ -1,64 +1,209 @@
 """Dtypes: the ones mlsys_lab supports, their short names, and how binary ops promote them.
 
-``int8`` is supported for quantised data (QDQ models: int8 weights, :mod:`mlsys_lab.deploy
-.quantize`). It promotes as in PyTorch and numpy except that there is no int16: ``int8`` with
-``uint8`` gives ``int32``, the smallest supported dtype holding both ranges (never one of the
-two, which would wrap values of the other).
+Two tiers:
+
+* **Compute dtypes** (:data:`COMPUTE`): bool, the integers int8/16/32/64 and uint8/16/32/64,
+  float16/32/64. Every op that computes takes them (float-only ops refuse the integers).
+* **Storage dtypes** (:data:`STORAGE`, from the ``ml_dtypes`` package): bfloat16, the float8
+  formats (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2, float8_e5m2fnuz, float8_e8m0fnu),
+  float4_e2m1fn and the sub-byte integers int4/uint4/int2/uint2. A Tensor or graph value may
+  hold them, and the ops that only move or convert data take them (those defined with
+  ``defop(..., storage=True)``: ``cast``, ``identity``, ``reshape``, ``transpose``,
+  ``concatenate``, ``getitem``, ``take``, ``where``, ``quantize_linear``'s output,
+  ``dequantize_linear``'s input, ...). Every other op refuses them with a DTypeError naming the
+  op and the dtype (:func:`refuse_storage`, applied by
+  :func:`~mlsys_lab.engine.registry.defop`): cast to float32 first. The ONNX importer
+  does that cast for bfloat16 the way ONNX's reference runtime computes bfloat16 (in float32,
+  each op's result rounded back to bfloat16). ``cast`` to them is numpy's / ml_dtypes'
+  ``astype``: round to nearest even; out-of-range floats become NaN (e4m3fn, the fnuz
+  formats, e8m0) or inf (e5m2), as ONNX's ``Cast`` with ``saturate=0``; sub-byte integers
+  wrap (int4: 8 -> -8) as ONNX's reference does.
+
+Promotion (:func:`promote`) of two compute dtypes follows numpy and PyTorch where they agree:
+
+* bool with anything gives the other dtype;
+* an integer with a float gives the float (PyTorch; numpy widens ``int16 + float16`` to
+  float32 -- a documented choice: mlsys_lab never widens a float because of an integer);
+* two floats, or two integers of one signedness, give the wider;
+* a signed and an unsigned integer give the narrowest signed integer holding both ranges:
+  ``int8 + uint8 -> int16``, ``int16 + uint16 -> int32``, ``int32 + uint32 -> int64``,
+  ``int64 + uint8 -> int64`` (numpy; PyTorch has no promotion for uint16/32/64 at all);
+* ``uint64`` with a signed integer has no such integer: numpy gives float64 (losing
+  integers above 2**53), PyTorch raises; mlsys_lab raises a DTypeError (cast one side).
+
+Storage dtypes promote only with themselves (``promote(bf16, bf16) == bf16``); with any
+other dtype :func:`promote` raises a DTypeError.
 """
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import DTypeError, DTypeOverflowError
 
-SHORT = {"bool": "bool", "uint8": "u8", "int8": "i8", "int32": "i32", "int64": "i64",
+SHORT = {"bool": "bool", "uint8": "u8", "int8": "i8", "int16": "i16", "uint16": "u16",
+         "int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64",
          "float16": "f16", "float32": "f32", "float64": "f64"}
-#: The supported dtypes, from lowest to highest promotion rank.
-SUPPORTED = tuple(np.dtype(d) for d in SHORT)
-_RANK = {d: i for i, d in enumerate(SUPPORTED)}
+#: The storage-only dtypes (ml_dtypes) and their short names in the IR.
+STORAGE_SHORT = {"bfloat16": "bf16", "float8_e4m3fn": "f8e4m3", "float8_e4m3fnuz": "f8e4m3fnuz",
+                 "float8_e5m2": "f8e5m2", "float8_e5m2fnuz": "f8e5m2fnuz",
+                 "float8_e8m0fnu": "f8e8m0", "float4_e2m1fn": "f4e2m1", "int4": "i4",
+                 "uint4": "u4", "int2": "i2", "uint2": "u2"}
+#: The dtypes every computing op takes.
+COMPUTE = tuple(np.dtype(d) for d in SHORT)
+#: The dtypes Tensors hold but only data-movement and conversion ops take.
+STORAGE = tuple(np.dtype(getattr(ml_dtypes, d)) for d in STORAGE_SHORT)
+#: Every supported dtype.
+SUPPORTED = COMPUTE + STORAGE
+#: The storage formats that are floating (the rest are the sub-byte integers).
+STORAGE_FLOATS = tuple(d for d in STORAGE if not d.name.startswith(("int", "uint")))
+# Membership tests run on every op call: hashed sets (a tuple compares dtypes one by one).
+_STORAGE_SET, _STORAGE_FLOAT_SET = frozenset(STORAGE), frozenset(STORAGE_FLOATS)
+_FLOATS = frozenset({np.dtype("float16"), np.dtype("float32"), np.dtype("float64")})
+_ALL_SHORT = {**SHORT, **STORAGE_SHORT}
 
 float32 = np.dtype("float32")
 float64 = np.dtype("float64")
 float16 = np.dtype("float16")
+int16 = np.dtype("int16")
 int32 = np.dtype("int32")
 int64 = np.dtype("int64")
 uint8 = np.dtype("uint8")
+uint16 = np.dtype("uint16")
+uint32 = np.dtype("uint32")
+uint64 = np.dtype("uint64")
 int8 = np.dtype("int8")
 bool_ = np.dtype("bool")
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+float8_e4m3fnuz = np.dtype(ml_dtypes.float8_e4m3fnuz)
+float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+float8_e5m2fnuz = np.dtype(ml_dtypes.float8_e5m2fnuz)
+float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
+float4_e2m1fn = np.dtype(ml_dtypes.float4_e2m1fn)
+int4 = np.dtype(ml_dtypes.int4)
+uint4 = np.dtype(ml_dtypes.uint4)
+int2 = np.dtype(ml_dtypes.int2)
+uint2 = np.dtype(ml_dtypes.uint2)
+_BY_NAME = {d.name: d for d in SUPPORTED}
+_BY_NAME.update({_ALL_SHORT[d.name]: d for d in SUPPORTED if _ALL_SHORT[d.name] != "bool"})
 
 
 def as_dtype(d, op="tensor"):
-    """Normalise ``d`` (a name, numpy dtype or type) to a supported numpy dtype."""
+    """Normalise ``d`` (a name such as ``"float32"``, ``"bfloat16"`` or a short name such as
+    ``"bf16"``, a numpy dtype or type) to a supported numpy dtype."""
+    if isinstance(d, str) and d in _BY_NAME:
+        return _BY_NAME[d]
     try:
         dt = np.dtype(d)
     except TypeError as e:
         raise DTypeError(f"{op}: {d!r} is not a dtype") from e
-    if dt not in _RANK:
-        names = ", ".join(SHORT)
+    if dt not in _BY_NAME.values():
+        names = ", ".join(_ALL_SHORT)
         raise DTypeError(f"{op}: dtype {dt} is not supported (supported: {names})")
     return dt
 
 
 def short(dt):
-    """Short name used when printing the IR: float32 -> f32."""
-    return SHORT.get(np.dtype(dt).name, np.dtype(dt).name)
+    """Short name used when printing the IR: float32 -> f32, bfloat16 -> bf16."""
+    name = np.dtype(dt).name
+    return _ALL_SHORT.get(name, name)
 
 
 def is_float(dt):
-    """Whether ``dt`` is a floating dtype."""
-    return np.dtype(dt).kind == "f"
+    """Whether ``dt`` is a floating compute dtype (float16/32/64; the storage formats such as
+    bfloat16 are not: see :func:`is_storage`)."""
+    return np.dtype(dt) in _FLOATS
+
+
+def is_storage(dt):
+    """Whether ``dt`` is a storage-only dtype (bfloat16, float8, float4, int4/2, uint4/2)."""
+    return np.dtype(dt) in _STORAGE_SET
+
+
+def is_storage_float(dt):
+    """Whether ``dt`` is one of the floating storage formats (bfloat16, float8, float4)."""
+    return np.dtype(dt) in _STORAGE_FLOAT_SET
+
+
+def refuse_storage(op_name, avals):
+    """Raise the DTypeError for an op that does not take storage dtypes given one."""
+    for a in avals:
+        dt = getattr(a, "dtype", None)
+        if dt is not None and (dt if isinstance(dt, np.dtype) else np.dtype(dt)) in _STORAGE_SET:
+            raise DTypeError(f"{op_name}: dtype {np.dtype(dt).name} ({short(dt)}) is a storage "
+                             f"dtype that only data-movement and conversion ops take; cast it "
+                             f"first, e.g. ml.ops.cast(x, 'float32')")
+
+
+def storage_guarded(op_name, infer):
+    """``infer`` wrapped to refuse storage dtypes first (what ``defop`` does for every op not
+    defined with ``storage=True``)."""
+    def guarded(*avals, **attrs):
+        for a in avals:
+            if getattr(a, "dtype", None) in _STORAGE_SET:
+                refuse_storage(op_name, avals)
+        return infer(*avals, **attrs)
+    guarded.__wrapped__ = infer
+    guarded.__name__ = getattr(infer, "__name__", "infer")
+    guarded.__doc__ = getattr(infer, "__doc__", None)
+    return guarded
+
+
+def check_storage_range(data, dt, op="tensor"):
+    """Refuse Python data with a number outside the range of the sub-byte integer ``dt``
+    (numpy refuses ``200`` for int8, but ml_dtypes wraps ``9`` to ``-7`` for int4); other
+    dtypes pass.
+
+    Raises:
+        DTypeOverflowError: naming ``op``, the value and the dtype's range.
+    """
+    dt = np.dtype(dt)
+    if dt not in _STORAGE_SET or dt in _STORAGE_FLOAT_SET or isinstance(data, np.ndarray):
+        return
+    try:
+        values = np.asarray(data, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        return  # not numeric: the conversion itself reports it
+    info = ml_dtypes.iinfo(dt)
+    bad = values[(values < info.min) | (values > info.max)]
+    if bad.size:
+        v = int(bad[0]) if float(bad[0]).is_integer() else float(bad[0])
+        raise DTypeOverflowError(f"{op}: the value {show_int(v)} does not fit in {dt.name} "
+                                 f"(range {info.min}..{info.max})")
+
+
+def _bits(dt):
+    return np.dtype(dt).itemsize * 8
 
 
 def promote(a, b):
-    """Result dtype of a binary elementwise op (PyTorch-like: any float beats any integer;
-    ``int8`` with ``uint8`` gives ``int32``, see the module's docstring)."""
+    """Result dtype of a binary elementwise op (rules in the module's docstring).
+
+    Raises:
+        DTypeError: ``uint64`` with a signed integer, or a storage dtype with another dtype.
+    """
+    a, b = np.dtype(a), np.dtype(b)
     if a == b:
         return a
+    for d in (a, b):
+        if d in _STORAGE_SET:
+            raise DTypeError(f"promote: {a.name} with {b.name}: the storage dtype {d.name} "
+                             f"promotes with no other dtype; cast first")
+    if a == bool_ or b == bool_:
+        return b if a == bool_ else a
     fa, fb = is_float(a), is_float(b)
     if fa != fb:
         return a if fa else b
-    if {a, b} == {int8, uint8}:
-        return int32
-    return a if _RANK[a] >= _RANK[b] else b
+    if fa or a.kind == b.kind:
+        return a if a.itemsize >= b.itemsize else b
+    signed, unsigned = (a, b) if a.kind == "i" else (b, a)
+    if signed.itemsize > unsigned.itemsize:
+        return signed
+    if unsigned == uint64:
+        raise DTypeError(f"promote: {a.name} with {b.name}: no integer dtype holds both ranges "
+                         f"(numpy would give float64, losing integers above 2**53); cast one "
+                         f"side first")
+    return np.dtype(f"int{2 * _bits(unsigned)}")
 
 
 def default_dtype_for(value):

@@ -67,7 +67,7 @@ def as_input(a, dtype, where="input"):
                                      ) from None
         except (TypeError, ValueError):
             arr = None
-    if arr is None or arr.dtype.kind not in "biuf":
+    if arr is None or arr.dtype.kind not in "biuf" and not dtypes.is_storage(arr.dtype):
         raise DTypeError(f"{where}: expected numeric data for a {dtype.name} input, got "
                          f"{type(a).__name__}" + (f" of dtype {arr.dtype}" if arr is not None
                                                   else ""))

@@ -392,7 +392,7 @@ def _where_jvp(ts, xs, y):
 
 
 WHERE = defop("where", compute=np.where, infer=_where_infer, vjp=_where_vjp, jvp=_where_jvp,
-              elementwise=True, fusion="({1} if {0} else {2})")
+              elementwise=True, fusion="({1} if {0} else {2})", storage=True)
 
 
 def _cast_np(x, dtype):
@@ -414,7 +414,7 @@ def _cast_jvp(ts, xs, y, dtype):
 CAST = defop("cast", compute=_cast_np, infer=_cast_infer, vjp=_cast_vjp, jvp=_cast_jvp,
              elementwise=True,
              unfusable_reason="its dtype attribute: a fused program's steps carry no attributes, "
-                              "and the generated loop computes in one dtype")
+                              "and the generated loop computes in one dtype", storage=True)
 
 
 # --- the public functions ---------------------------------------------------------------------

@@ -43,7 +43,7 @@ def _identity_jvp(ts, xs, y):
 
 
 IDENTITY = defop("identity", compute=_identity_np, infer=_identity_infer, vjp=_identity_vjp,
-                 jvp=_identity_jvp, view=_identity_np)
+                 jvp=_identity_jvp, view=_identity_np, storage=True)
 
 
 def _reshape_np(x, shape):
@@ -69,7 +69,7 @@ def _reshape_jvp(ts, xs, y, shape):
 
 
 RESHAPE = defop("reshape", compute=_reshape_np, infer=_reshape_infer, vjp=_reshape_vjp,
-                jvp=_reshape_jvp, view=_reshape_np)
+                jvp=_reshape_jvp, view=_reshape_np, storage=True)
 
 
 def _transpose_np(x, axes):
@@ -93,7 +93,7 @@ def _transpose_jvp(ts, xs, y, axes):
 
 
 TRANSPOSE = defop("transpose", compute=_transpose_np, infer=_transpose_infer,
-                  vjp=_transpose_vjp, jvp=_transpose_jvp, view=_transpose_np)
+                  vjp=_transpose_vjp, jvp=_transpose_jvp, view=_transpose_np, storage=True)
 
 
 def _bcast_np(x, shape):
@@ -117,7 +117,7 @@ def _bcast_jvp(ts, xs, y, shape):
 
 
 BROADCAST_TO = defop("broadcast_to", compute=_bcast_np, infer=_bcast_infer, vjp=_bcast_vjp,
-                     jvp=_bcast_jvp, view=_bcast_np)
+                     jvp=_bcast_jvp, view=_bcast_np, storage=True)
 
 
 # --- reductions -------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ def _concat_np(*xs, axis):
 
 
 CONCATENATE = defop("concatenate", compute=_concat_np, infer=_concat_infer, vjp=_concat_vjp,
-                    jvp=_concat_jvp)
+                    jvp=_concat_jvp, storage=True)
 
 
 def _stack_infer(*xs, axis):
@@ -295,7 +295,8 @@ def _stack_jvp(ts, xs, y, axis):
     return stack([t if t is not None else zeros_like(x) for t, x in zip(ts, xs)], axis)
 
 
-STACK = defop("stack", compute=_stack_np, infer=_stack_infer, vjp=_stack_vjp, jvp=_stack_jvp)
+STACK = defop("stack", compute=_stack_np, infer=_stack_infer, vjp=_stack_vjp, jvp=_stack_jvp,
+              storage=True)
 
 
 # --- indexing ---------------------------------------------------------------------------------
@@ -394,7 +395,7 @@ def _getitem_jvp(ts, xs, y, index):
 
 
 GETITEM = defop("getitem", compute=_getitem_np, infer=_getitem_infer, vjp=_getitem_vjp,
-                jvp=_getitem_jvp)
+                jvp=_getitem_jvp, storage=True)
 
 
 def _getitem_grad_compute(g, shape, index):
@@ -449,7 +450,8 @@ def _take_jvp(ts, xs, y, axis):
     return None if ts[0] is None else take(ts[0], xs[1], axis)
 
 
-TAKE = defop("take", compute=_take_compute, infer=_take_infer, vjp=_take_vjp, jvp=_take_jvp)
+TAKE = defop("take", compute=_take_compute, infer=_take_infer, vjp=_take_vjp, jvp=_take_jvp,
+             storage=True)
 
 
 def _take_grad_compute(g, idx, shape, axis):

@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..errors import ArgumentError, UnknownNameError
+from . import dtypes
 
 
 class AVal(NamedTuple):
@@ -97,6 +98,9 @@ class Op:
         eager_impls: the ``cpu`` kernels flagged ``eager`` (see :class:`Kernel`), in the
             order of ``impls["cpu"]``; kept up to date by :func:`register_impl`. Eager dispatch
             runs the first that accepts the arrays, else ``compute``.
+        storage: the op only moves, selects or converts elements (reshape, getitem, where,
+            cast, ...), so it takes the storage dtypes (bfloat16, float8, int4, ...,
+            :data:`~mlsys_lab.engine.dtypes.STORAGE`); every other op refuses them.
         onnx: the op's ONNX mapping (how a node of it exports, which ONNX op types import to
             it), set by ``mlsys_lab.deploy.onnx_ops.register_onnx``; None: no mapping. The
             engine never reads it (the deploy layer does).
@@ -116,6 +120,7 @@ class Op:
     impls: dict = field(default_factory=dict)
     onnx: object = None
     eager_impls: tuple = ()
+    storage: bool = False
 
     def __repr__(self):
         return f"Op({self.name})"
@@ -140,7 +145,8 @@ def register(op: Op, replace: bool = False) -> Op:
 
 
 def defop(name, *, compute, infer, vjp=None, jvp=None, elementwise=False, view=None,
-          fusion=None, unfusable_reason=None, inplace=(), impure=False, replace=False) -> Op:
+          fusion=None, unfusable_reason=None, inplace=(), impure=False, storage=False,
+          replace=False) -> Op:
     """Define an op and register it: the one way every op of the library is made.
 
     Every argument but the name is a keyword, so a definition reads as a table of named rules.
@@ -163,6 +169,8 @@ def defop(name, *, compute, infer, vjp=None, jvp=None, elementwise=False, view=N
         unfusable_reason: why an elementwise op with a floating result has no ``fusion``.
         inplace: positions of inputs whose buffer the output may take over.
         impure: the result is not a function of the inputs alone (fresh randomness).
+        storage: the op takes the storage dtypes (see :attr:`Op.storage`); else its ``infer``
+            is wrapped to refuse them with a DTypeError naming the op and the dtype.
         replace: redefine an op already registered under ``name``.
 
     Returns:
@@ -182,9 +190,12 @@ def defop(name, *, compute, infer, vjp=None, jvp=None, elementwise=False, view=N
         raise ArgumentError(f"defop({name!r}): compute and infer are required")
     if fusion is not None and not elementwise:
         raise ArgumentError(f"defop({name!r}): a fusion template needs elementwise=True")
+    if not storage:  # bfloat16, float8, int4, ...: only data-movement ops take them
+        infer = dtypes.storage_guarded(name, infer)
     return register(Op(name, compute, infer, vjp, jvp, elementwise=bool(elementwise),
                        inplace=tuple(inplace), impure=bool(impure), view=view, fusion=fusion,
-                       unfusable_reason=unfusable_reason), replace=replace)
+                       unfusable_reason=unfusable_reason, storage=bool(storage)),
+                    replace=replace)
 
 
 def get(name: str) -> Op:

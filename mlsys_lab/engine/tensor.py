@@ -247,6 +247,8 @@ def _to_array(data, dtype=None):
 
 def _from_python(data, dt):
     """``np.array(data, dt)`` with numpy's conversion errors turned into the library's."""
+    if dt is not None and dtypes.is_storage(dt):
+        dtypes.check_storage_range(data, dt, "tensor")  # ml_dtypes wraps (int4: 9 -> -7)
     try:
         return np.array(data, dtype=dt) if dt is not None else np.asarray(data)
     except OverflowError as e:
