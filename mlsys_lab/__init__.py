@@ -19,7 +19,21 @@ from .engine.autodiff_graph import grad_graph  # noqa: E402
 from .engine.compiler import compile  # noqa: E402,A004
 from .engine.dispatch import custom_op  # noqa: E402
 from .engine.dtypes import as_dtype as _as_dtype  # noqa: E402
-from .engine.dtypes import bool_, float16, float32, float64, int8, int32, int64, uint8  # noqa: E402
+from .engine.dtypes import (  # noqa: E402
+    bfloat16,
+    bool_,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
+    uint16,
+    uint32,
+    uint64,
+)
 from .engine.graph import Graph  # noqa: E402
 from .engine.graph import set_svg_renderer as _set_svg_renderer  # noqa: E402
 from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402
@@ -48,12 +62,12 @@ from .nn.train_step import compile_train_step  # noqa: E402
 __all__ = [
     "ArgumentError", "CheckpointError", "CycleError", "DTypeError", "DTypeOverflowError", "Graph",
     "GraphError", "MLSysError", "OpError", "OutOfMemoryError", "PlanError", "RankError",
-    "ShapeError", "TapeError", "Tensor", "TraceError", "UnknownNameError", "bool_", "compile",
-    "compile_train_step", "custom_op",
-    "enable_grad", "float16", "float32", "float64", "grad", "grad_graph", "gradients", "hvp",
-    "int8", "int32", "int64", "is_grad_enabled", "jvp", "limit_threads", "no_grad", "num_threads", "ones",
-    "ops", "randn", "set_num_threads",
-    "tape_to_graph", "tensor", "trace", "uint8", "value_and_grad", "vjp", "zeros",
+    "ShapeError", "TapeError", "Tensor", "TraceError", "UnknownNameError", "bfloat16", "bool_",
+    "compile", "compile_train_step", "custom_op", "enable_grad", "float16", "float32", "float64",
+    "grad", "grad_graph", "gradients", "hvp", "int8", "int16", "int32", "int64", "is_grad_enabled",
+    "jvp", "limit_threads", "no_grad", "num_threads", "ones", "ops", "randn", "set_num_threads",
+    "tape_to_graph", "tensor", "trace", "uint8", "uint16", "uint32", "uint64", "value_and_grad",
+    "vjp", "zeros",
 ]
 
 

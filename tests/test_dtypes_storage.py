@@ -269,3 +269,9 @@ def test_bfloat16_ops_compute_in_float32_and_round_back_as_onnx_reference():
     assert got.dtype == dtypes.bfloat16 and _same(got, want)
     ops = [n.op for n in graph.nodes]
     assert ops.count("cast") >= 2 and "mul" in ops and "add" in ops  # widened, rounded back
+
+
+def test_the_package_root_names_the_new_dtypes():
+    for name in ("int16", "uint16", "uint32", "uint64", "bfloat16"):
+        assert getattr(ml, name) == dtypes.as_dtype(name) and name in ml.__all__
+    assert ml.tensor([1, 2], dtype=ml.uint16).dtype == np.uint16
