@@ -18,6 +18,8 @@ from mlsys_lab.engine.sparse import RowSparse, unique_first_seen
 from mlsys_lab.errors import ArgumentError, DTypeError, RankError
 from mlsys_lab.kernels import embedding as kernels
 
+from .test_recsys_embedding import bags  # rows, ids (repeats, empty bags), offsets, seed
+
 
 def weighted_bag_reference(w, ids, offsets, psw):
     """Bag by bag: the sum of each id's row times its weight."""
@@ -27,15 +29,6 @@ def weighted_bag_reference(w, ids, offsets, psw):
         for k in range(s, e):
             out[b] += psw[k] * w[ids[k]]
     return out
-
-
-@st.composite
-def weighted_bags(draw):
-    rows = draw(st.integers(1, 6))
-    sizes = draw(st.lists(st.integers(0, 4), min_size=1, max_size=5))  # 0: an empty bag
-    ids = np.array([draw(st.integers(0, rows - 1)) for _ in range(sum(sizes))], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    return rows, ids, offsets, draw(st.integers(0, 2 ** 16))
 
 
 def _central(f, x, eps=1e-6):
@@ -50,7 +43,7 @@ def _central(f, x, eps=1e-6):
 
 
 @settings(max_examples=40, deadline=None)
-@given(weighted_bags(), st.booleans(), st.booleans())
+@given(bags(), st.booleans(), st.booleans())
 def test_per_sample_weights_forward_and_gradients(case, sparse, last):
     """Forward equals the weighted loop; the gradients w.r.t. the table (dense, or row-sparse
     with each touched row once) and w.r.t. the weights equal central differences of the
