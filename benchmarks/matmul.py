@@ -74,8 +74,14 @@ def blas_threads():
                      f"{p['num_threads']} threads" for p in blas) or "none"
 
 
+def load_average():
+    """The 1, 5 and 15 minute load averages, for judging how quiet the machine was."""
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def print_setup():
-    print(f"numba {numba.__version__}: {numba.get_num_threads()} threads   BLAS: {blas_threads()}")
+    print(f"numba {numba.__version__}: {numba.get_num_threads()} threads   BLAS: {blas_threads()}"
+          f"   {load_average()}")
     print("  ".join(f"{var}={os.environ[var]!r}" for var in ENV_VARS if var in os.environ)
           or "(no NUMBA_/OPENBLAS_/OMP_ variables set)")
     print(cpu.CONFIG.describe())
@@ -112,7 +118,8 @@ def print_ladder(results, peak):
             print(f"{name:<12}{n:>6}{t * 1e3:>11.2f}{rate / 1e9:>10.1f}"
                   f"{times['numpy @'] / t:>9.2f}x{rate / peak * 100:>7.0f}%")
         best, ratio = best_variant(times)
-        print(f"{'':<12}{n:>6}  best Numba variant: {best} at {ratio:.2f}x numpy\n")
+        print(f"{'':<12}{n:>6}  best Numba variant: {best} at {ratio:.2f}x numpy   "
+              f"({load_average()})\n")
 
 
 def best_variant(times):
@@ -295,7 +302,8 @@ def run_target(name, argv):
 
 
 def summary(records):
-    print(f"\n{'=' * 30} summary: best Numba variant vs numpy (target {TARGET}x at n >= 1024)")
+    print(f"\n{'=' * 30} summary: best Numba variant vs numpy (target {TARGET}x at n >= 1024), "
+          f"{load_average()}")
     print(f"  {'target':<10}{'config':<10}{'BLAS kernels':<14}{'n':>6}{'best':>9}{'ratio':>8}")
     for rec in records:
         for n, times in rec["times"].items():

@@ -255,7 +255,8 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 def test_emitted_code_uses_the_chosen_vector_width():
     counts = cpu.emitted_fmas()
     widest = {"avx512": "zmm", "avx2": "ymm", "portable": "xmm"}[cpu.CONFIG.config.name]
-    assert counts[widest] > 0, counts
+    accumulators = cpu.CONFIG.config.mr * cpu.CONFIG.config.vectors
+    assert counts[widest] > 0 and counts[widest] % accumulators == 0, counts  # whole k steps
     if widest != "zmm":
         assert counts["zmm"] == 0, counts
 
@@ -339,28 +340,76 @@ def test_module_constants_are_the_chosen_float32_blocks():
     assert (cpu.MR, cpu.NR) == cpu.CONFIG.config.tile(np.float32)
 
 
-def test_balanced_blocks_examples():
-    zen5_avx2 = Blocking(6, 16, 384, 450, 4096)
-    assert cpu._balanced_blocks(1024, 1024, zen5_avx2, 2) == (258, 1024)  # 4 blocks, not 3
-    assert cpu._balanced_blocks(1024, 1024, zen5_avx2, 1) == (342, 1024)  # 3 are fine alone
-    assert cpu._balanced_blocks(2048, 5000, zen5_avx2, 2) == (414, 2512)  # 5 × 2 blocks
-    assert cpu._balanced_blocks(5, 7, zen5_avx2, 2) == (6, 16)  # one tile: nothing to share
+@settings(max_examples=80, deadline=None)
+@given(m=st.integers(1, 3000), threads=st.integers(1, 8), mr=st.sampled_from([6, 12]),
+       mc_tiles=st.integers(1, 40))
+def test_thread_rows_split_the_tiles_evenly(m, threads, mr, mc_tiles):
+    mc = mc_tiles * mr
+    ranges = [cpu._thread_rows(t, threads, m, mr, mc) for t in range(threads)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == m
+    for (_, last, _), (first, _, _) in zip(ranges, ranges[1:]):
+        assert last == first and first % mr == 0  # disjoint, in order, whole tiles
+    tiles = [-(-(last - first) // mr) for first, last, _ in ranges]
+    assert sum(tiles) == -(-m // mr) and max(tiles) - min(tiles) <= 1
+    for first, last, step in ranges:
+        assert step % mr == 0 and mr <= step <= mc
+        fewest = -(-(last - first) // mc)
+        assert -(-(last - first) // step) == fewest  # no more MC blocks than needed ...
+        if fewest > 1:  # ... and the last is no more than one tile per block short of the rest
+            assert (last - first) - (fewest - 1) * step >= step - fewest * mr
 
 
-@settings(max_examples=60, deadline=None)
-@given(m=st.integers(1, 3000), n=st.integers(1, 3000), threads=st.integers(1, 8),
-       mc_tiles=st.integers(1, 60), nc_tiles=st.integers(1, 60))
-def test_balanced_blocks(m, n, threads, mc_tiles, nc_tiles):
-    limit = Blocking(6, 16, 256, 6 * mc_tiles, 16 * nc_tiles)
-    mc, nc = cpu._balanced_blocks(m, n, limit, threads)
-    assert mc % 6 == 0 and nc % 16 == 0 and 6 <= mc <= limit.mc and 16 <= nc <= limit.nc
-    assert -(-n // nc) == -(-n // limit.nc)  # as few column blocks as the cache allows
-    cols, fewest = -(-n // nc), -(-m // limit.mc)
-    even = (-(-m // mc) * cols) % threads == 0
-    assert even or mc == cpu._round_up(-(-m // fewest), 6)  # else: the fewest row blocks
-    candidates = {cpu._round_up(-(-m // rows), 6) for rows in range(fewest, fewest + 4 * threads)}
-    if any((-(-m // c) * cols) % threads == 0 for c in candidates):
-        assert even  # an even split among the few more row blocks tried is found
+def test_thread_rows_examples():
+    assert [cpu._thread_rows(t, 2, 2048, 12, 120) for t in range(2)] == [
+        (0, 1020, 120), (1020, 2048, 120)]  # 85 and 86 tiles, 9 blocks each
+    assert [cpu._thread_rows(t, 2, 1024, 12, 120) for t in range(2)] == [
+        (0, 516, 108), (516, 1024, 108)]  # 43 tiles each: 9 + 9 + 9 + 9 + 7, not 10 × 4 + 3
+    assert [cpu._thread_rows(t, 3, 5, 12, 120) for t in range(3)] == [
+        (0, 0, 12), (0, 0, 12), (0, 5, 12)]  # one tile: two threads idle
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_config_on_one_and_several_threads(config, threads):
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for m, k, n in ((1, 9, 3), (13, 20, 40), (50, 33, 97)):  # fewer tiles than threads, or not
+            a, b = operands(m, k, n, np.float32, seed=m)
+            blocks = tiny_blocking(config, np.float32, kc=8)
+            c = cpu.matmul_packed(a, b, config=config, blocking=blocks)
+            np.testing.assert_allclose(c, a @ b, **TOL[np.float32])
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_first_kc_step_overwrites_whatever_c_held(config, dtype):
+    """The result array starts uninitialised: the first KC step must store, not add."""
+    chosen = cpu_config.CONFIGS[config]
+    mr, nr = chosen.tile(dtype)
+    blocks = Blocking(mr, nr, kc=4, mc=mr, nc=2 * nr)
+    for m, k, n in ((2 * mr + 1, 3, nr + 5), (mr, 9, 2 * nr)):  # K < KC; several KC steps
+        a, b = operands(m, k, n, dtype, seed=k)
+        c = np.full((m, n), np.nan, dtype)
+        b_panels = np.empty((-(-n // nr), k, nr), dtype)
+        a_buffers = np.empty((1, 1, min(blocks.kc, k), mr), dtype)
+        kernel = cpu._micro_kernel(chosen.mr, chosen.vectors, chosen.lanes(dtype))
+        cpu._packed_kernel(a, b, c, a_buffers, b_panels, kernel, blocks.kc, blocks.mc, blocks.nc)
+        np.testing.assert_allclose(c, a @ b, **TOL[dtype])
+
+
+@pytest.mark.parametrize("k,n,nr", [(1, 1, 16), (17, 40, 16), (33, 64, 32), (40, 75, 8)])
+def test_pack_b_deals_b_into_zero_padded_panels(k, n, nr):
+    b = np.random.default_rng(k).standard_normal((k, n)).astype(np.float32)
+    panels = np.full((-(-n // nr), k, nr), np.nan, np.float32)
+    cpu._pack_b(b, panels)
+    padded = np.zeros((k, panels.shape[0] * nr), np.float32)
+    padded[:, :n] = b
+    np.testing.assert_array_equal(panels, padded.reshape(k, -1, nr).transpose(1, 0, 2))
 
 
 # ------------------------------------------------------------------------------------------------
