@@ -327,10 +327,14 @@ def test_ctrl_c_stops_the_cli_and_leaves_no_kernel(tmp_path):
         _demo_with("0.1", "import time\nwhile True:\n    time.sleep(0.1)\n", folder / name)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")])}
+    # A terminal's Ctrl-C finds SIGINT at its default; a pytest started in the background of a
+    # script inherits it ignored, and so would the CLI (Python keeps an inherited SIG_IGN), so
+    # the CLI starts with the default restored.
     cli = subprocess.Popen(
         [sys.executable, "-m", "mlsys_lab.cli", "grade", "--all", str(folder), "--jobs", "2",
          "--cell-timeout", "120", "--timeout", "300", "--no-cache"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     kernels: set[int] = set()
     deadline = time.monotonic() + 90
     try:

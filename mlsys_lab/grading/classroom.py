@@ -215,7 +215,10 @@ def _worker_main(conn, env: dict[str, str]) -> None:
                                   timeout=task["timeout"], chapters=task["chapters"], env=env)
             if grader._STOPPING.is_set():
                 break
-            conn.send({"report": report.to_dict()})
+            try:
+                conn.send({"report": report.to_dict()})
+            except (EOFError, OSError):  # the parent is gone: nobody to report to
+                break
     except SystemExit:
         pass
     finally:
