@@ -25,6 +25,8 @@ from mlsys_lab.grading.checks import (
 )
 from mlsys_lab.grading.grader import grade
 
+from .processes import alive, descendants
+
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
@@ -36,61 +38,28 @@ SLACK = 20  # kernel start-up and shutdown on a busy 2-core machine
 # ----------------------------------------------------------------------------- helpers
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, state) for every process, read from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        table[int(entry)] = (int(fields[1]), fields[0])
-    return table
-
-
-def _descendants(pid: int) -> list[int]:
-    """Processes below ``pid`` (zombies included: an unreaped child is left behind too)."""
-    table = _processes()
-    children: dict[int, list[int]] = {}
-    for child, (parent, _) in table.items():
-        children.setdefault(parent, []).append(child)
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    state = _processes().get(pid)
-    return state is not None and state[1] not in ("Z", "X")
-
-
 @pytest.fixture
 def no_leftover_processes():
     """Fail if a test leaves a process (kernel or anything it started) behind."""
-    before = set(_descendants(os.getpid()))
+    before = set(descendants(os.getpid()))
     yield
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        left = set(_descendants(os.getpid())) - before
+        left = set(descendants(os.getpid())) - before
         if not left:
             return
         time.sleep(0.2)
     pytest.fail(f"processes left behind: {sorted(left)}")
 
 
-def _demo_with(answer_id: str, source: str, path: Path) -> Path:
-    """Write the demo solution notebook with one answer cell replaced by ``source``."""
+def _demo_with(answer_id: str | None, source: str, path: Path) -> Path:
+    """Write the demo solution notebook with one answer cell replaced by ``source`` (none for
+    ``answer_id=None``), creating ``path``'s folder."""
     nb = nbformat.read(DEMO, as_version=4)
-    cells = [c for c in nb.cells if f"answer:{answer_id}" in c.metadata.get("tags", [])]
-    assert len(cells) == 1
-    cells[0].source = source
+    if answer_id is not None:
+        [cell] = [c for c in nb.cells if f"answer:{answer_id}" in c.metadata.get("tags", [])]
+        cell.source = source
+    path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
     return path
 
@@ -381,7 +350,7 @@ def test_wall_clock_timeout_kills_the_kernel_and_its_children(tmp_path, no_lefto
     assert "wall-clock timeout" in text
     assert 6 <= elapsed < 6 + SLACK
     child = int((tmp_path / "child.pid").read_text())
-    assert not _alive(child), "the student's child process survived"
+    assert not alive(child), "the student's child process survived"
 
 
 def test_grading_an_unreadable_notebook_reports_instead_of_crashing(tmp_path):

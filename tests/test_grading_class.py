@@ -38,6 +38,9 @@ from mlsys_lab.grading.gradebook import build_gradebook, read_csv, write_csv
 from mlsys_lab.grading.grader import ExerciseGrade, GradeReport
 from mlsys_lab.grading.submissions import Submission, find_submissions
 
+from .processes import alive, descendants, processes
+from .test_grading import _demo_with, _points
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "solutions" / "ch00_demo.ipynb"
 FULL = {"0.1": 3, "0.2": 5, "0.3": 4}
@@ -46,57 +49,6 @@ CLI_TIMEOUTS = ["--cell-timeout", "4", "--timeout", "60"]
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _processes() -> dict[int, tuple[int, str, str]]:
-    """pid -> (parent pid, state, command line), read from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), fields[0], cmd)
-    return table
-
-
-def _descendants(pid: int) -> dict[int, str]:
-    """Live (not zombie) processes below ``pid``: pid -> command line."""
-    table = _processes()
-    found, todo = {}, [pid]
-    while todo:
-        parent = todo.pop()
-        for child, (ppid, state, cmd) in table.items():
-            if ppid == parent and child not in found:
-                todo.append(child)
-                if state not in ("Z", "X"):
-                    found[child] = cmd
-    return found
-
-
-def _alive(pid: int) -> bool:
-    state = _processes().get(pid)
-    return state is not None and state[1] not in ("Z", "X")
-
-
-def _demo_with(answer_id: str | None, source: str, path: Path) -> Path:
-    nb = nbformat.read(DEMO, as_version=4)
-    if answer_id is not None:
-        [cell] = [c for c in nb.cells if f"answer:{answer_id}" in c.metadata.get("tags", [])]
-        cell.source = source
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, path)
-    return path
-
-
-def _points(report: GradeReport) -> dict[str, float]:
-    return {row.exercise: row.points for row in report.rows}
 
 
 FIB = ("def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
@@ -147,13 +99,13 @@ def graded_class(tmp_path_factory):
     subs, skipped = find_submissions(folder)
     assert skipped == []
     cache = GradeCache(tmp / "cache.json")
-    before = set(_descendants(os.getpid()))
+    before = set(descendants(os.getpid(), zombies=False))
     seen = []
     results = grade_class(subs, jobs=2, options=OPTIONS, cache=cache, on_result=seen.append)
     time.sleep(0.5)
     # multiprocessing's resource tracker (started with the first spawned worker) lives as long
     # as this process, by design; anything else still running is a leak.
-    left = {p: c for p, c in _descendants(os.getpid()).items()
+    left = {p: c for p, c in descendants(os.getpid(), zombies=False).items()
             if p not in before and "resource_tracker" not in c}
     assert len(seen) == len(results) == len(subs)
     return folder, {r.submission.student: r for r in results}, left, cache
@@ -339,7 +291,8 @@ def test_ctrl_c_stops_the_cli_and_leaves_no_kernel(tmp_path):
     deadline = time.monotonic() + 90
     try:
         while time.monotonic() < deadline and len(kernels) < 2:
-            kernels |= {p for p, cmd in _descendants(cli.pid).items() if "ipykernel" in cmd}
+            kernels |= {p for p, cmd in descendants(cli.pid, zombies=False).items()
+                        if "ipykernel" in cmd}
             time.sleep(0.2)
         assert len(kernels) == 2, "the kernels never started"
         time.sleep(1.0)  # let them get into the notebooks' loops
@@ -352,7 +305,7 @@ def test_ctrl_c_stops_the_cli_and_leaves_no_kernel(tmp_path):
     assert cli.returncode == 130, err
     assert "interrupted after 0 of 2" in err
     time.sleep(0.5)
-    assert [p for p in kernels if _alive(p)] == [], "a kernel survived Ctrl-C"
+    assert [p for p in kernels if alive(p)] == [], "a kernel survived Ctrl-C"
 
 
 def test_a_worker_that_dies_costs_only_its_own_submission(tmp_path):
@@ -364,8 +317,8 @@ def test_a_worker_that_dies_costs_only_its_own_submission(tmp_path):
     def kill_the_worker():  # SIGKILL the worker (not its kernel) while amy's notebook hangs
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            table = _processes()
-            for pid, cmd in _descendants(os.getpid()).items():
+            table = processes()
+            for pid, cmd in descendants(os.getpid(), zombies=False).items():
                 if "ipykernel" in cmd:
                     killed.update(kernel=pid, worker=table[pid][0])
                     time.sleep(1.0)
@@ -384,7 +337,7 @@ def test_a_worker_that_dies_costs_only_its_own_submission(tmp_path):
     assert (results["amy"].total, results["amy"].max) == (0, 12)
     assert _points(results["ben"]) == FULL  # a fresh worker graded the next notebook
     time.sleep(0.5)
-    assert not _alive(killed["kernel"]), "the dead worker's kernel was left running"
+    assert not alive(killed["kernel"]), "the dead worker's kernel was left running"
 
 
 # ----------------------------------------------------------------------------- layouts
