@@ -10,11 +10,13 @@ Prints three tables:
    (``y.backward(g)``) and an SGD step, once with ``sparse=True`` (the gradient is a RowSparse
    of the touched rows; about 2.5 MB of rows move) and once dense (a 256 MB gradient table is
    built and the whole table is read and written: about 0.75 GB). Target: sparse >= 100x
-   faster. Two floors run in the same way, each on its own table and interleaved with the
-   dense step, so its caches are as cold as the sparse step's: numpy's gather + scatter of the
-   same rows (``W[ids] = W[ids]``), and our prefetching gather and SGD row kernels called
-   directly, without the framework (no hash merge, no tape). The dense time is the best over
-   the three pairings.
+   faster. Every step takes the next of 32 batches of distinct ids, so it touches rows that
+   are not in the caches, as a training step does; each contestant is timed in its steady
+   state (blocks of 6 steps, the first of each dropped). Two floors run the same way, each on
+   its own table: numpy's gather + scatter of the same rows (``W[ids] = W[ids]``), and our
+   prefetching gather and SGD row kernels called directly, without the framework (no hash
+   merge, no tape). A last line times the sparse step right after a dense one, whose 256 MB
+   of dirty cache lines it must first write back.
 2. **Bytes moved per worker per step**: the DLRM's 8 tables of 10^5 x 16 on 4 row-sharded
    parameter servers, pulling and pushing only a batch's touched rows, against a ring
    all-reduce of the dense table gradients over 8 workers.
@@ -47,17 +49,29 @@ def load():
 
 
 # --- 1. sparse vs dense embedding update ---------------------------------------------------------
+class _Batches:
+    """Calls ``fn(ids)`` with the next of a pool of id batches: each step touches new rows, as
+    in training (the pool's rows, 32 x 10^4 x 256 B = 82 MB, do not fit in the caches)."""
+
+    def __init__(self, pool, fn):
+        self.pool, self.fn, self.k = pool, fn, 0
+
+    def __call__(self):
+        self.k = (self.k + 1) % len(self.pool)
+        self.fn(self.pool[self.k])
+
+
 def embedding_update(args):
     rows, dim, touched = (10 ** 5 if args.quick else 10 ** 6), 64, 10 ** 4
     rng = np.random.default_rng(0)
-    ids = rng.choice(rows, touched, replace=False)
+    pool = [rng.choice(rows, touched, replace=False) for _ in range(32)]
     offsets = np.arange(touched)
     g = ml.tensor(rng.standard_normal((touched, dim)).astype(np.float32))
     tables = {s: ml.nn.Parameter(rng.standard_normal((rows, dim)).astype(np.float32))
               for s in (True, False)}
     opts = {s: ml.optim.SGD([tables[s]], lr=1e-3) for s in (True, False)}
 
-    def step(sparse):
+    def step(sparse, ids):
         w = tables[sparse]
         w.grad = None
         ml.ops.embedding_bag(w, ids, offsets, "sum", sparse).backward(g)
@@ -66,39 +80,45 @@ def embedding_update(args):
     # each floor has its own table, so its rows are as cold as the sparse step's
     floor_w = [rng.standard_normal((rows, dim)).astype(np.float32) for _ in range(2)]
     pooled = np.empty((touched, dim), np.float32)
-    grad = RowSparse(ids, g.numpy(), rows, unique=True)
 
-    def numpy_floor():  # the rows' gather and scatter alone, with numpy's fancy indexing
+    def numpy_floor(ids):  # the rows' gather and scatter alone, with numpy's fancy indexing
         floor_w[0][ids] = floor_w[0][ids]
 
-    def kernels_alone():  # our two kernels without the framework: gather, then the SGD rows
+    def kernels_alone(ids):  # our two kernels without the framework: gather, then the SGD rows
         embedding_kernels.embedding_bag_out(pooled, floor_w[1], ids, offsets, mode="sum",
                                             sparse=True)
-        embedding_kernels.sgd_rows(floor_w[1], grad, 0.0)
+        embedding_kernels.sgd_rows(floor_w[1], RowSparse(ids, g.numpy(), rows, unique=True),
+                                   0.0)
 
-    # each contestant in its own comparison with the dense step, so each runs right after a
-    # dense step (its 0.77 GB stream and the unmapping of its 256 MB temporaries), as alike
-    res = {}
-    for name, fn in (("sparse", lambda: step(True)), ("numpy", numpy_floor),
-                     ("kernels", kernels_alone)):
-        pair = timing.compare({"dense": lambda: step(False), name: fn}, rounds=args.rounds,
-                              baseline="dense")
-        res[name] = pair[name]
-        res["dense"] = min(res.get("dense", np.inf), pair["dense"])
+    fns = {"dense": _Batches(pool, lambda ids: step(False, ids)),
+           "sparse": _Batches(pool, lambda ids: step(True, ids)),
+           "numpy": _Batches(pool, numpy_floor), "kernels": _Batches(pool, kernels_alone)}
+    # each in its steady state: blocks of 6 steps, the first of each dropped (it inherits the
+    # caches of whichever contestant ran before)
+    res = timing.compare(fns, rounds=args.rounds, block=6, discard=1, baseline="dense")
+    med = timing.Comparison(res.samples, "dense", "median")
+    # and the sparse step right after a dense one: the caches hold the dense step's 256 MB of
+    # dirty lines, which must be written back before the sparse step's rows come in
+    after = timing.compare({"dense": fns["dense"], "sparse": fns["sparse"]},
+                           rounds=args.rounds, baseline="dense")
     table = rows * dim * 4
     print(f"\n1. Embedding update: {rows:.0e} x {dim} float32 table, {touched} rows touched "
-          f"(embedding_bag forward, backward of a given cotangent, SGD step); {load()}")
-    print(f"  {'':8}{'time ms':>10}{'gradient':>12}{'update r+w':>13}")
-    print(f"  {'dense':8}{res['dense'] * 1e3:>10.2f}{table / 1e6:>9.1f} MB"
-          f"{3 * table / 1e9:>10.2f} GB")
-    print(f"  {'sparse':8}{res['sparse'] * 1e3:>10.2f}{touched * dim * 4 / 1e6:>9.1f} MB"
-          f"{3 * touched * dim * 4 / 1e6:>10.2f} MB")
-    print(f"  sparse speed-up: {res['dense'] / res['sparse']:.0f}x (target >= 100x)")
-    print(f"  floor, same run: numpy W[ids] = W[ids] {res['numpy'] * 1e3:.3f} ms "
+          f"(embedding_bag forward, backward of a given cotangent, SGD step), new rows every "
+          f"step; best and median of {len(res.samples['dense'])} steady-state steps each; "
+          f"{load()}")
+    print(f"  {'':8}{'best ms':>10}{'median ms':>11}{'gradient':>12}{'update r+w':>13}")
+    print(f"  {'dense':8}{res['dense'] * 1e3:>10.2f}{med['dense'] * 1e3:>11.2f}"
+          f"{table / 1e6:>9.1f} MB{3 * table / 1e9:>10.2f} GB")
+    print(f"  {'sparse':8}{res['sparse'] * 1e3:>10.3f}{med['sparse'] * 1e3:>11.3f}"
+          f"{touched * dim * 4 / 1e6:>9.1f} MB{3 * touched * dim * 4 / 1e6:>10.2f} MB")
+    print(f"  sparse speed-up: {res.speedup('sparse'):.0f}x best, {med.speedup('sparse'):.0f}x "
+          f"median (target >= 100x)")
+    print(f"  floor, same run (best): numpy W[ids] = W[ids] {res['numpy'] * 1e3:.3f} ms "
           f"(sparse step / it: {res['sparse'] / res['numpy']:.2f}x); our gather + SGD kernels "
           f"alone {res['kernels'] * 1e3:.3f} ms (sparse step / them: "
-          f"{res['sparse'] / res['kernels']:.2f}x; dense / them: "
-          f"{res['dense'] / res['kernels']:.0f}x)")
+          f"{res['sparse'] / res['kernels']:.2f}x)")
+    print(f"  a sparse step right after a dense one (caches full of its dirty lines): "
+          f"{after['sparse'] * 1e3:.3f} ms, {after.speedup('sparse'):.0f}x")
 
 
 # --- 2. bytes moved: sparse PS vs dense all-reduce ------------------------------------------------
