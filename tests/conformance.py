@@ -1773,21 +1773,23 @@ def check_dropout(path, p=0.4, n=(40, 50), seed=5):
 
 
 # --- embedding bags (mlsys_lab/engine/ops_sparse.py) -------------------------------------------
-def _bag_ref(w, ids, offsets, mode):
+def _bag_ref(w, ids, offsets, mode, psw=None):
     ends = list(offsets[1:]) + [len(ids)]
     out = np.zeros((len(offsets), w.shape[1]))
+    psw = np.ones(len(ids)) if psw is None else psw
     for b, (s, e) in enumerate(zip(offsets, ends)):
         if e > s:
-            out[b] = w[ids[s:e]].sum(0) / (1 if mode == "sum" else e - s)
+            out[b] = (w[ids[s:e]] * psw[s:e, None]).sum(0) / (1 if mode == "sum" else e - s)
     return out
 
 
-def _bag_grad_ref(g, ids, offsets, num_rows, mode):
+def _bag_grad_ref(g, ids, offsets, num_rows, mode, psw=None):
     ends = list(offsets[1:]) + [len(ids)]
     out = np.zeros((num_rows, g.shape[1]))
+    psw = np.ones(len(ids)) if psw is None else psw
     for b, (s, e) in enumerate(zip(offsets, ends)):
-        for i in ids[s:e]:
-            out[i] += g[b] / (1 if mode == "sum" else e - s)
+        for k in range(s, e):
+            out[ids[k]] += g[b] * psw[k] / (1 if mode == "sum" else e - s)
     return out
 
 
@@ -1800,10 +1802,28 @@ spec("embedding_bag",
        for mode in ("sum", "mean")],
      _mk("embedding_bag", "no_ids", lambda w, i, o: ops.embedding_bag(w, i, o, mode="mean"),
          lambda r: [rn(r, 4, 2), np.zeros(0, np.int64), np.zeros(2, np.int64)],
-         ref=lambda w, i, o: _bag_ref(w, i, o, "mean"), diff=(0,)))
+         ref=lambda w, i, o: _bag_ref(w, i, o, "mean"), diff=(0,)),
+     # per-sample weights (sum only, as PyTorch): the product w[id] * p is bilinear, so the
+     # second-order check sees the cross term d2/dw dp
+     _mk("embedding_bag", "per_sample_weights",
+         lambda w, i, o, p: ops.embedding_bag(w, i, o, mode="sum", per_sample_weights=p),
+         lambda r: [rn(r, 5, 3), _BAG_IDS, _BAG_OFFSETS, rn(r, len(_BAG_IDS))],
+         ref=lambda w, i, o, p: _bag_ref(w, i, o, "sum", p), diff=(0, 3), second=True))
+spec("embedding_bag_segments",
+     _mk("embedding_bag_segments", "repeats_and_empty",
+         lambda i, o: apply(get("embedding_bag_segments"), i, o), [_BAG_IDS, _BAG_OFFSETS],
+         ref=lambda i, o: np.array([0, 0, 2, 2, 2, 3])),
+     _mk("embedding_bag_segments", "no_ids",
+         lambda i, o: apply(get("embedding_bag_segments"), i, o),
+         [np.zeros(0, np.int64), np.zeros(2, np.int64)], ref=lambda i, o: np.zeros(0, np.int64)),
+     no_grad="integer bag numbers: nothing to differentiate")
 spec("embedding_bag_grad",
      *[_mk("embedding_bag_grad", mode,
            lambda g, i, o, m=mode: apply(get("embedding_bag_grad"), g, i, o, num_rows=5, mode=m),
            lambda r: [rn(r, 4, 3), _BAG_IDS, _BAG_OFFSETS],
            ref=lambda g, i, o, m=mode: _bag_grad_ref(g, i, o, 5, m), diff=(0,), second=True)
-       for mode in ("sum", "mean")])
+       for mode in ("sum", "mean")],
+     _mk("embedding_bag_grad", "per_sample_weights",
+         lambda g, i, o, p: apply(get("embedding_bag_grad"), g, i, o, p, num_rows=5, mode="sum"),
+         lambda r: [rn(r, 4, 3), _BAG_IDS, _BAG_OFFSETS, rn(r, len(_BAG_IDS))],
+         ref=lambda g, i, o, p: _bag_grad_ref(g, i, o, 5, "sum", p), diff=(0, 3), second=True))

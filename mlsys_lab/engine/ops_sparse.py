@@ -206,10 +206,25 @@ def sparse_bag_grad(g, ids, offsets, num_rows, mode, psw=None):
     return RowSparse._trusted(unique, values, num_rows, True)
 
 
+def _segments_infer(ids, offsets):
+    _check_ids("embedding_bag_segments", ids, offsets)
+    return AVal(tuple(ids.shape), np.dtype(np.int64))
+
+
+def _segments_compute(ids, offsets):
+    return bag_segments(ids, offsets, "embedding_bag_segments")[0].astype(np.int64, copy=False)
+
+
+#: The bag of every id (``[0, 0, 2, 2, 2]`` for offsets ``[0, 2, 2]`` over 5 ids): an op, so
+#: the per-sample weights' cotangent can be traced when ids and offsets are graph inputs.
+EMBEDDING_BAG_SEGMENTS = defop("embedding_bag_segments", compute=_segments_compute,
+                               infer=_segments_infer)
+
+
 def _psw_cotangent(table, ids, rows, offsets):
     """``d/d psw[k] = <table[ids[k]], rows[bag of k]>``: the per-sample weights' cotangent,
     from differentiable lookups (so it has gradients of its own)."""
-    seg = bag_segments(ids.numpy(), offsets.numpy())[0]
+    seg = apply(EMBEDDING_BAG_SEGMENTS, ids, offsets)
     return reduce_sum(embedding_lookup(table, ids) * embedding_lookup(rows, seg), axis=1)
 
 
