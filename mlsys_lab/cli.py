@@ -83,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="--all: print class statistics and plot them (default "
                             "class_report.png)")
     grade.add_argument("--strict", action="store_true",
-                       help="refuse submissions whose release stamp differs from the checks")
+                       help="refuse submissions whose release stamp differs from the checks "
+                            "or that carry none")
     grade.add_argument("--cache", type=Path, default=None, metavar="FILE",
                        help="--all: the re-grade cache (default FOLDER/.mlsys-lab-grades.json)")
     grade.add_argument("--no-cache", action="store_true", help="--all: grade every notebook")

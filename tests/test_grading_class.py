@@ -186,9 +186,12 @@ def test_regrading_touches_only_the_changed_submission(graded_class, tmp_path):
 
 def test_cli_writes_gradebook_feedback_and_report_from_the_cache(graded_class, tmp_path, capsys):
     folder, results, _, cache = graded_class
-    cache.save()
+    mine = GradeCache(tmp_path / "cache.json")
+    mine.entries = dict(cache.entries)
+    mine.put("gone_ch00.ipynb", "a key", results["carol"].report)  # no longer in the folder
+    mine.save()
     out = tmp_path / "out"
-    code = main(["grade", "--all", str(folder), *CLI_TIMEOUTS, "--cache", str(cache.path),
+    code = main(["grade", "--all", str(folder), *CLI_TIMEOUTS, "--cache", str(mine.path),
                  "--csv", str(out / "gradebook.csv"), "--feedback", str(out / "feedback"),
                  "--report", str(out / "stats.png"), "--json"])
     assert code == 0
@@ -198,6 +201,7 @@ def test_cli_writes_gradebook_feedback_and_report_from_the_cache(graded_class, t
     assert {item["student"]: item["total"] for item in data}["carol"] == 8
     assert "bob_ch00.ipynb was released with" in captured.err  # the stamp warning
     assert "Class statistics" in captured.err and (out / "stats.png").stat().st_size > 1000
+    assert sorted(GradeCache(mine.path).entries) == sorted(cache.entries)  # "gone" is pruned
 
     # the CSV: one row per student, one column per exercise, and it reads back the same
     with (out / "gradebook.csv").open(newline="") as f:
@@ -340,6 +344,40 @@ def test_a_worker_that_dies_costs_only_its_own_submission(tmp_path):
     assert not alive(killed["kernel"]), "the dead worker's kernel was left running"
 
 
+# ----------------------------------------------------------------------------- callers' scripts
+
+
+_SCRIPT = """
+import json, sys
+from mlsys_lab.grading.classroom import GradingOptions, grade_class
+from mlsys_lab.grading.submissions import find_submissions
+subs, _ = find_submissions(sys.argv[1] if len(sys.argv) > 1 else {folder!r})
+print(json.dumps([[r.report.total, r.report.notes] for r in grade_class(
+    subs, jobs=1, options=GradingOptions(cell_timeout=30, timeout=120))]))
+"""
+
+
+@pytest.mark.parametrize("how", ["stdin", "no main guard"])
+def test_a_script_without_a_rerunnable_main_can_grade(tmp_path, how):
+    # spawn re-runs the caller's main script in each worker: fed on stdin there is no file to
+    # run (the worker died: 0 points, "the grading worker died"), and a script that grades at
+    # top level would grade again inside every worker
+    folder = tmp_path / "class"
+    _demo_with(None, "", folder / "amy_ch00.ipynb")
+    script = _SCRIPT.format(folder=str(folder))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")])}
+    if how == "stdin":
+        run = subprocess.run([sys.executable, "-"], input=script, cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=240)
+    else:
+        (tmp_path / "grade_all.py").write_text(script, encoding="utf-8")
+        run = subprocess.run([sys.executable, "grade_all.py", str(folder)], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [[12, []]], run.stderr
+
+
 # ----------------------------------------------------------------------------- layouts
 
 
@@ -468,6 +506,8 @@ def test_checks_stamp_follows_the_check_sources(tmp_path, monkeypatch):
     problem = release.stamp_problem(meta, None, "amy.ipynb")
     assert stamp in problem and changed in problem and "0.0.9" in problem
     assert release.stamp_problem({"mlsys_lab": {"chapter": 0}}, None, "x") == ""
+    assert "x carries no release stamp" in release.stamp_problem({"mlsys_lab": {"chapter": 0}},
+                                                                 None, "x", require=True)
     with pytest.raises(ArgumentError, match="chapter 99 has no check module"):
         release.checks_stamp(99)
 
@@ -482,6 +522,14 @@ def test_strict_refuses_a_stale_stamp_before_grading_anything(tmp_path, capsys):
     assert "sha256:0000000000000000" in err and release.checks_stamp(0) in err
     assert main(["grade", str(folder / "bob_ch00.ipynb"), "--strict"]) == 1
     assert "refusing" in capsys.readouterr().err
+    # a notebook that was never released has no stamp: --strict cannot vouch for it either
+    unstamped = tmp_path / "unstamped"
+    _demo_with(None, "", unstamped / "amy_ch00.ipynb")
+    assert main(["grade", "--all", str(unstamped), "--strict", "--no-cache"]) == 1
+    err = capsys.readouterr().err
+    assert "refusing: amy_ch00.ipynb carries no release stamp" in err, err
+    assert main(["grade", str(unstamped / "amy_ch00.ipynb"), "--strict"]) == 1
+    assert "carries no release stamp" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- outside a checkout

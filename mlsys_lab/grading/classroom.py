@@ -25,8 +25,10 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -109,6 +111,15 @@ class GradeCache:
         """Remember a report (call ``save`` to write the file)."""
         self.entries[name] = {"key": key, "report": report.to_dict()}
 
+    def prune(self, keep) -> int:
+        """Forget every submission whose name is not in ``keep`` (a notebook no longer in
+        the folder); return how many were forgotten (call ``save`` to write the file)."""
+        keep = set(keep)
+        gone = [name for name in self.entries if name not in keep]
+        for name in gone:
+            del self.entries[name]
+        return len(gone)
+
     def save(self) -> None:
         """Write the file (atomically: a run stopped half way leaves the old or the new one)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,16 +141,17 @@ def cache_key(content: bytes, submission: Submission, options: GradingOptions,
 # ----------------------------------------------------------------------------- stamps
 
 
-def stamp_warnings(submissions: list[Submission]) -> dict[str, str]:
+def stamp_warnings(submissions: list[Submission], require: bool = False) -> dict[str, str]:
     """Submission name -> why its release stamp differs from the installed checks (only those
-    that differ; an unreadable notebook has nothing to compare)."""
+    that differ; with ``require``, also those that carry no stamp; an unreadable notebook has
+    nothing to compare)."""
     found = {}
     for sub in submissions:
         try:
             metadata = json.loads(sub.path.read_text(encoding="utf-8")).get("metadata", {})
         except (OSError, ValueError, AttributeError):
             continue
-        problem = stamp_problem(metadata, sub.chapter, sub.name or sub.path.name)
+        problem = stamp_problem(metadata, sub.chapter, sub.name or sub.path.name, require)
         if problem:
             found[sub.name] = problem
     return found
@@ -225,11 +237,37 @@ def _worker_main(conn, env: dict[str, str]) -> None:
         grader.stop_all_kernels()
 
 
+@contextmanager
+def _main_hidden():
+    """Hide the caller's main script from ``spawn`` while a worker starts.
+
+    ``spawn`` starts a child by running the parent's main script again (as ``__mp_main__``),
+    so that functions defined there can be unpickled. The worker needs nothing from it, and
+    running it again goes wrong twice over: a script fed on stdin has no file to run
+    (``__file__`` is ``'<stdin>'``: the worker died and every submission scored 0), and a
+    script that grades at top level, without ``if __name__ == "__main__"``, would grade again
+    in every worker."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__")
+             if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 class _Worker:
     def __init__(self, context, env: dict[str, str]):
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_worker_main, args=(child, env), daemon=True)
-        self.process.start()
+        with _main_hidden():
+            self.process.start()
         child.close()
         self.task: int | None = None
         self.started = 0.0

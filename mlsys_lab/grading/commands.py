@@ -72,7 +72,7 @@ def _single(args) -> int:
         return 1
     try:
         metadata = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
-        problem = stamp_problem(metadata, None, path.name)
+        problem = stamp_problem(metadata, None, path.name, require=args.strict)
     except (OSError, ValueError, AttributeError):
         problem = ""
     if problem:
@@ -112,7 +112,7 @@ def _class(args) -> int:
     if not subs:
         print(f"mlsys-lab grade: no notebooks to grade in {args.folder}", file=sys.stderr)
         return 1
-    warnings = stamp_warnings(subs)
+    warnings = stamp_warnings(subs, require=args.strict)
     for problem in warnings.values():
         print(f"mlsys-lab grade: {'refusing: ' if args.strict else 'warning: '}{problem}",
               file=sys.stderr)
@@ -140,6 +140,8 @@ def _class(args) -> int:
               file=sys.stderr)
         return 130
     bar.close()
+    if cache is not None and cache.prune(s.name or str(s.path) for s in subs):
+        cache.save()  # notebooks no longer in the folder
     if args.json:
         data = []
         for r in results:

@@ -87,16 +87,19 @@ def release_stamp(chapter: int) -> dict[str, str]:
     return {"version": _version(), "checks": checks_stamp(chapter)}
 
 
-def stamp_problem(nb_metadata: dict[str, Any], chapter: int | None, name: str) -> str:
+def stamp_problem(nb_metadata: dict[str, Any], chapter: int | None, name: str,
+                  require: bool = False) -> str:
     """Why a submission's release stamp does not match the installed checks, or ``""``.
 
-    ``""`` also when the notebook carries no stamp (it was not made by ``release``) or its
-    chapter has no checks.
+    ``""`` also when its chapter has no checks, and when the notebook carries no stamp (it was
+    not made by ``release``) unless ``require`` (``grade --strict``): then that is the problem.
     """
     meta = nb_metadata.get("mlsys_lab", {}) if isinstance(nb_metadata, dict) else {}
     stamp = meta.get("release") if isinstance(meta, dict) else None
     if not isinstance(stamp, dict):
-        return ""
+        return (f"{name} carries no release stamp (it was not handed out by `mlsys-lab "
+                "exercises release`), so which checks it was made for cannot be told"
+                if require else "")
     if chapter is None:
         chapter = meta.get("chapter") if isinstance(meta.get("chapter"), int) else None
     if chapter is None:
