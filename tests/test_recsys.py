@@ -328,3 +328,160 @@ def test_two_tower_with_logq_correction_beats_random_and_uncorrected_recall():
     plain = _train_two_tower(data, None)
     assert corrected > 3 * 20 / 300  # random retrieval gets about k / items
     assert corrected > 2 * plain  # in-batch negatives alone push the popular items down
+
+
+# the labels and picks the generators drew before they exposed their hidden models (committed
+# from that code): the random streams must not move. Labels of
+# synthetic_click_log(96, [50, 20], bag_size=2, seed=5):
+_OLD_CLICK_LABELS = ("011100000001010000010000000010011001000110001000"
+                     "000010001010010100010010001110000000001110100000")
+_OLD_PICKS = [18, 9, 30, 31, 10, 35, 31, 30, 24, 6, 2, 30, 30, 35, 18, 2, 6, 17, 30, 18, 39, 7,
+              33, 30]  # synthetic_interactions(6 users, 40 items, 4 + 2 picks each, seed=5)
+_OLD_HELD_OUT = [{5, 25}, {18, 23}, {9, 39}, {9, 20}, {11, 24}, {18, 24}]
+
+
+def _click_log_rederived(num_samples, table_sizes, bag_size, seed, num_dense=13, skew=1.05,
+                         ctr=0.25, hidden_dim=4):
+    """The generator's stream drawn again step by step: (labels, click probabilities)."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((num_samples, num_dense))
+    logit = dense.astype(np.float32) @ (rng.standard_normal(num_dense) * 0.5 / np.sqrt(num_dense))
+    vecs = []
+    for size in table_sizes:
+        p = 1.0 / np.arange(1, size + 1) ** skew
+        cdf = np.cumsum(p / p.sum())
+        cdf[-1] = 1.0
+        perm = rng.permutation(size)
+        t = perm[np.searchsorted(cdf, rng.random(num_samples * bag_size), side="right")]
+        t = t.reshape(num_samples, bag_size)
+        bias = rng.standard_normal(size) * 0.5
+        vec = rng.standard_normal((size, hidden_dim)) * 0.5
+        logit = logit + bias[t].mean(1)
+        vecs.append(vec[t].mean(1))
+    for a in range(len(vecs)):
+        for b in range(a):
+            logit = logit + np.sum(vecs[a] * vecs[b], axis=1)
+    logit = logit - np.quantile(logit, 1 - ctr)
+    prob = 1 / (1 + np.exp(-2 * logit))
+    return (rng.random(num_samples) < prob).astype(np.float32), prob
+
+
+def test_click_log_probabilities_are_the_hidden_model_and_the_labels_did_not_move():
+    log = rs.synthetic_click_log(96, [50, 20], bag_size=2, seed=5)
+    assert "".join(str(int(x)) for x in log.labels) == _OLD_CLICK_LABELS
+    labels, prob = _click_log_rederived(3000, [200, 40, 7], bag_size=2, seed=11)
+    log = rs.synthetic_click_log(3000, [200, 40, 7], bag_size=2, seed=11)
+    np.testing.assert_array_equal(log.labels, labels)
+    np.testing.assert_allclose(log.probability, prob, rtol=1e-12)
+    assert log.probability.shape == (3000,) and log.probability.dtype == np.float64
+    d, ids, y = log.batch(np.arange(5))  # batch() is unchanged: three fields
+    assert d.shape == (5, 13) and len(ids) == 3 and y.shape == (5,)
+    assert rs.ClickLog(log.dense, log.ids, log.labels, log.popularity).probability is None
+
+
+def test_click_log_labels_are_calibrated_to_its_probabilities():
+    log = rs.synthetic_click_log(100_000, [1000, 100], seed=2)
+    p, y = log.probability, log.labels
+    edges = np.quantile(p, np.linspace(0, 1, 11))
+    bins = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, 9)
+    for b in range(10):
+        pb, yb = p[bins == b], y[bins == b]
+        sigma = np.sqrt(np.sum(pb * (1 - pb))) / pb.size  # std of the bin's click rate
+        assert abs(yb.mean() - pb.mean()) < 5 * sigma + 1e-3, (b, yb.mean(), pb.mean())
+    # the hidden model is much better than a constant, and a doubled logit is not it
+    assert rs.log_loss(y, p) < 0.8 * rs.log_loss(y, np.full(y.size, y.mean()))
+    z = np.log(p / (1 - p))
+    assert rs.log_loss(y, p) < rs.log_loss(y, rs.models.sigmoid_np(2 * z))
+
+
+def test_interactions_expose_the_hidden_model_without_moving_the_stream():
+    data = rs.synthetic_interactions(num_users=6, num_items=40, per_user=4, held_out=2, seed=5)
+    assert data.train[:, 1].tolist() == _OLD_PICKS
+    assert data.test == _OLD_HELD_OUT
+    assert data.user_vectors.shape == (6, 8) and data.item_vectors.shape == (40, 8)
+    np.testing.assert_allclose(np.linalg.norm(data.item_vectors, axis=1), 1.0)
+    assert data.temperature == 0.5
+    with pytest.raises(ArgumentError, match="hidden_scores"):
+        rs.Interactions(6, 40, data.train, data.test, data.popularity).hidden_scores([0])
+
+
+def test_hidden_scores_give_the_law_of_each_users_first_pick():
+    # per_user=1: a user's training pick is one draw from softmax(hidden_scores[user])
+    data = rs.synthetic_interactions(num_users=6000, num_items=12, per_user=1, held_out=1,
+                                     dim=3, temperature=0.4, seed=3)
+    pick = data.train[:, 1]
+
+    def softmax(scores):
+        e = np.exp(scores - scores.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+    def worst_z(scores):  # each item's count of picks against its expected count
+        exp = softmax(scores).sum(0)
+        return np.max(np.abs(np.bincount(pick, minlength=12) - exp) / np.sqrt(exp))
+
+    def log_likelihood(scores):
+        return np.mean(np.log(softmax(scores)[np.arange(6000), pick]))
+
+    scores = data.hidden_scores(np.arange(6000))
+    u, v, log_pop = data.user_vectors, data.item_vectors, np.log(data.popularity)
+    assert worst_z(scores) < 4
+    assert worst_z(np.tile(log_pop, (6000, 1))) > 8  # popularity alone is not the law
+    assert worst_z(u @ v.T / 0.4) > 8  # nor the affinity alone
+    # the picks are likeliest under the generator's own temperature and popularity weight
+    for wrong in (u @ v.T / 0.3 + log_pop, u @ v.T / 0.5 + log_pop,
+                  u @ v.T / 0.4 + 0.8 * log_pop, u @ v.T / 0.4 + 1.2 * log_pop):
+        assert log_likelihood(scores) > log_likelihood(wrong) + 0.003
+
+
+def _brute_force_top(scores, exclude, k):
+    scores = scores.copy()
+    for i, seen in enumerate(exclude):
+        scores[i, sorted(seen)] = -np.inf
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2 ** 31), st.integers(1, 25), st.booleans())
+def test_retrieve_with_a_prior_is_the_brute_force_ranking_of_logits_plus_prior(seed, k, ties):
+    r = np.random.default_rng(seed)
+    model = rs.TwoTower(7, 25, dim=4, out=3, temperature=0.3, rng=seed % 1000)
+    if ties:  # identical item vectors and a prior of few values: exactly equal scores
+        model.item_emb.weight.data[5:9] = model.item_emb.weight.data[4]
+        model.item_emb.weight.data[17] = model.item_emb.weight.data[4]
+        prior = r.integers(-2, 1, 25).astype(float)
+    else:
+        prior = r.normal(0, 2, 25)
+    users = r.integers(0, 7, 5)
+    exclude = [set(r.choice(25, int(r.integers(0, 4)), replace=False).tolist()) for _ in users]
+    with ml.no_grad():
+        u, v = model.users(users).numpy(), model.items(np.arange(25)).numpy()
+    got = model.retrieve(users, k, exclude=exclude, prior=prior)
+    np.testing.assert_array_equal(got, _brute_force_top((u @ v.T) / 0.3 + prior, exclude, k))
+    np.testing.assert_array_equal(model.retrieve(users, k, exclude=exclude),
+                                  _brute_force_top(u @ v.T, exclude, k))
+
+
+def test_retrieve_prior_changes_the_ranking_in_the_logits_scale():
+    model = rs.TwoTower(3, 10, dim=4, out=4, temperature=0.25, rng=1)
+    with ml.no_grad():
+        s = model.users([0]).numpy() @ model.items(np.arange(10)).numpy().T
+    order = np.argsort(-s[0], kind="stable")
+    best, second = order[0], order[1]
+    gap = (s[0, best] - s[0, second]) / 0.25  # the logits' gap between the two best items
+    prior = np.zeros(10)
+    prior[second] = 1.01 * gap  # just enough, in the logits' scale, to swap them
+    assert model.retrieve([0], 2, prior=prior)[0].tolist() == [second, best]
+    prior[second] = 0.99 * gap
+    assert model.retrieve([0], 2, prior=prior)[0].tolist() == [best, second]
+
+
+def test_retrieve_refuses_a_bad_prior_or_k():
+    model = rs.TwoTower(3, 10, dim=4, out=4, rng=0)
+    with pytest.raises(ShapeError, match=r"retrieve.*\(9,\).*\(10,\)"):
+        model.retrieve([0], 2, prior=np.zeros(9))
+    with pytest.raises(ShapeError, match=r"retrieve.*\(1, 10\)"):
+        model.retrieve([0], 2, prior=np.zeros((1, 10)))
+    with pytest.raises(ArgumentError, match="retrieve.*finite"):
+        model.retrieve([0], 2, prior=np.r_[np.zeros(9), np.nan])
+    with pytest.raises(ArgumentError, match="retrieve.*k=11"):
+        model.retrieve([0], 11)

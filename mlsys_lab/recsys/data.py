@@ -35,12 +35,17 @@ def zipf_sampler(num_ids, skew, rng, shuffle=True):
 @dataclass
 class ClickLog:
     """A click log: ``dense`` (n, 13) float32, ``ids`` one (n, bag) int64 array per table,
-    ``labels`` (n,) float32 clicks, and each table's id popularity."""
+    ``labels`` (n,) float32 clicks, and each table's id popularity.
+
+    ``probability`` (n,) float64, when known, is each sample's click probability under the
+    model that drew its label (``synthetic_click_log`` fills it in): the best any model of the
+    log can predict, e.g. for the ceiling of a model's AUC and log loss."""
 
     dense: np.ndarray
     ids: list
     labels: np.ndarray
     popularity: list
+    probability: np.ndarray = None
 
     def __len__(self):
         return self.labels.shape[0]
@@ -61,8 +66,10 @@ def synthetic_click_log(num_samples, table_sizes, num_dense=13, bag_size=1, skew
     """A seeded click log whose clicks follow a hidden factorisation-machine-like model.
 
     The hidden logit of a sample is a linear term of its dense features, a bias per id and
-    dot products between the hidden vectors of its ids in different tables; clicks are drawn
-    with that probability, shifted so the mean click rate is about ``ctr``.
+    dot products between the hidden vectors of its ids in different tables; shifted so about
+    ``ctr`` of the samples have a logit above 0, it gives the click probability
+    ``1 / (1 + exp(-2 logit))`` (kept in ``ClickLog.probability``), with which each label is
+    drawn.
 
     Args:
         num_samples: rows of the log.
@@ -89,20 +96,39 @@ def synthetic_click_log(num_samples, table_sizes, num_dense=13, bag_size=1, skew
         for b in range(a):
             logit = logit + np.sum(vecs[a] * vecs[b], axis=1)
     logit = logit - np.quantile(logit, 1 - ctr)  # about ctr of the samples above 0.5
-    labels = (rng.random(num_samples) < 1 / (1 + np.exp(-2 * logit))).astype(np.float32)
-    return ClickLog(dense, ids, labels, popularity)
+    probability = 1 / (1 + np.exp(-2 * logit))
+    labels = (rng.random(num_samples) < probability).astype(np.float32)
+    return ClickLog(dense, ids, labels, popularity, probability)
 
 
 @dataclass
 class Interactions:
     """User-item interactions for retrieval: ``train`` (m, 2) pairs (user, item), ``test``
-    one set of held-out items per user, and item popularity."""
+    one set of held-out items per user, and item popularity.
+
+    When the generator is known (``synthetic_interactions`` fills them in), ``user_vectors``
+    (num_users, d), ``item_vectors`` (num_items, d) and ``temperature`` are its hidden model:
+    user ``u`` picks item ``i`` with probability ~ ``popularity[i] exp(<u, v_i> /
+    temperature)``, and :meth:`hidden_scores` ranks items by that log probability."""
 
     num_users: int
     num_items: int
     train: np.ndarray
     test: list
     popularity: np.ndarray
+    user_vectors: np.ndarray = None
+    item_vectors: np.ndarray = None
+    temperature: float = None
+
+    def hidden_scores(self, users):
+        """``(len(users), num_items)`` log probabilities, up to a constant per user, with which
+        the hidden model picks items: ``log(popularity) + <u, v> / temperature``. Ranking by
+        them (skipping the items already picked) is the best retrieval of these data."""
+        if self.user_vectors is None or self.item_vectors is None or self.temperature is None:
+            raise ArgumentError("Interactions.hidden_scores: these interactions carry no "
+                                "hidden model (user_vectors, item_vectors, temperature)")
+        u = self.user_vectors[np.asarray(users)]
+        return u @ self.item_vectors.T / self.temperature + np.log(self.popularity)
 
 
 def synthetic_interactions(num_users=2000, num_items=5000, per_user=20, held_out=5, dim=8,
@@ -122,7 +148,8 @@ def synthetic_interactions(num_users=2000, num_items=5000, per_user=20, held_out
         items = rng.choice(num_items, per_user + held_out, replace=False, p=p / p.sum())
         pairs.append(np.stack([np.full(per_user, user), items[:per_user]], 1))
         test.append(set(items[per_user:].tolist()))
-    return Interactions(num_users, num_items, np.concatenate(pairs).astype(np.int64), test, pop)
+    return Interactions(num_users, num_items, np.concatenate(pairs).astype(np.int64), test, pop,
+                        u, v, temperature)
 
 
 __all__ = ["zipf_sampler", "ClickLog", "synthetic_click_log", "Interactions",

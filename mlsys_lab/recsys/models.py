@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import nn, ops
 from ..engine.tensor import Tensor
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ShapeError
 
 
 def mlp(sizes, rng, last_relu=True):
@@ -92,6 +92,17 @@ class DLRM(nn.Module):
         return list(self.bottom.parameters()) + list(self.top.parameters())
 
 
+def _top_k_stable(scores, k):
+    """Per row, the indices of the ``k`` largest scores, largest first, equal scores in index
+    order (what a stable argsort of ``-scores`` gives), without sorting whole rows."""
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1:k]  # each row's k-th largest score
+    top = np.empty((scores.shape[0], k), np.int64)
+    for i, row in enumerate(scores):
+        cand = np.flatnonzero(row >= kth[i])  # at least k, in index order
+        top[i] = cand[np.argsort(-row[cand], kind="stable")[:k]]
+    return top
+
+
 def l2_normalize(x, eps=1e-12):
     """Rows of ``x`` scaled to unit length."""
     return x / ops.sqrt(ops.sum(x * x, axis=1, keepdims=True) + eps)
@@ -140,21 +151,44 @@ class TwoTower(nn.Module):
             logits = logits - Tensor._wrap(np.asarray(log_q, logits.dtype)[np.asarray(items)])
         return ops.cross_entropy(logits, np.arange(len(users)))
 
-    def retrieve(self, users, k, exclude=None):
+    def retrieve(self, users, k, exclude=None, prior=None):
         """The ``k`` best items for each user, best first (brute-force nearest neighbours),
-        skipping ``exclude[i]`` (e.g. items seen in training) for user ``i``."""
+        skipping ``exclude[i]`` (e.g. items seen in training) for user ``i``.
+
+        Items are ranked by the dot product of the towers' vectors, or, with ``prior`` (one
+        log probability per item, e.g. the log of its popularity), by the logits
+        ``<u, v> / temperature + prior[item]``: the towers' logits in the scale the in-batch
+        loss trained them, plus a serving-time prior. Equal scores keep item order (the lower
+        id first).
+
+        Raises:
+            ArgumentError: ``k`` is not between 1 and the number of items, or ``prior`` holds
+                a value that is not finite.
+            ShapeError: ``prior`` is not one number per item.
+        """
         from ..engine.dispatch import no_grad
 
+        num_items = self.item_emb.weight.shape[0]
+        if not 1 <= k <= num_items:
+            raise ArgumentError(f"TwoTower.retrieve: k={k}, need 1 <= k <= {num_items} items")
+        if prior is not None:
+            prior = np.asarray(prior, np.float64)
+            if prior.shape != (num_items,):
+                raise ShapeError(f"TwoTower.retrieve: prior has shape {prior.shape}, need one "
+                                 f"log probability per item: ({num_items},)")
+            if not np.all(np.isfinite(prior)):
+                raise ArgumentError("TwoTower.retrieve: prior must be finite (a log probability "
+                                 "per item; leave an item out with exclude)")
         with no_grad():
-            v = self.items(np.arange(self.item_emb.weight.shape[0])).numpy()
+            v = self.items(np.arange(num_items)).numpy()
             u = self.users(users).numpy()
         scores = u @ v.T
+        if prior is not None:
+            scores = scores / self.temperature + prior
         if exclude is not None:
             for i, seen in enumerate(exclude):
                 scores[i, list(seen)] = -np.inf
-        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
-        return np.take_along_axis(top, order, 1)
+        return _top_k_stable(scores, k)
 
     def embedding_parameters(self):
         return [self.user_emb.weight, self.item_emb.weight]
