@@ -15,8 +15,9 @@ Prints three tables:
    state (blocks of 6 steps, the first of each dropped). Two floors run the same way, each on
    its own table: numpy's gather + scatter of the same rows (``W[ids] = W[ids]``), and our
    prefetching gather and SGD row kernels called directly, without the framework (no hash
-   merge, no tape). A last line times the sparse step right after a dense one, whose 256 MB
-   of dirty cache lines it must first write back.
+   merge, no tape). A line times the sparse step right after a dense one, whose 256 MB of
+   dirty cache lines it must first write back; the last runs the same two steps in PyTorch
+   (``nn.EmbeddingBag(sparse=...)``, ``optim.SGD``) when torch is installed.
 2. **Bytes moved per worker per step**: the DLRM's 8 tables of 10^5 x 16 on 4 row-sharded
    parameter servers, pulling and pushing only a batch's touched rows, against a ring
    all-reduce of the dense table gradients over 8 workers.
@@ -93,6 +94,11 @@ def embedding_update(args):
     fns = {"dense": _Batches(pool, lambda ids: step(False, ids)),
            "sparse": _Batches(pool, lambda ids: step(True, ids)),
            "numpy": _Batches(pool, numpy_floor), "kernels": _Batches(pool, kernels_alone)}
+    torch_step = torch_embedding_step(rows, dim, g.numpy(), offsets, args.threads)
+    if torch_step is not None:
+        for sparse in (False, True):
+            fns[f"torch {'sparse' if sparse else 'dense'}"] = _Batches(
+                pool, lambda ids, s=sparse: torch_step(s, ids))
     # each in its steady state: blocks of 6 steps, the first of each dropped (it inherits the
     # caches of whichever contestant ran before)
     res = timing.compare(fns, rounds=args.rounds, block=6, discard=1, baseline="dense")
@@ -119,6 +125,35 @@ def embedding_update(args):
           f"{res['sparse'] / res['kernels']:.2f}x)")
     print(f"  a sparse step right after a dense one (caches full of its dirty lines): "
           f"{after['sparse'] * 1e3:.3f} ms, {after.speedup('sparse'):.0f}x")
+    if torch_step is None:
+        print("  torch is not installed: no PyTorch comparison")
+        return
+    print(f"  PyTorch, same steps (nn.EmbeddingBag, optim.SGD): dense "
+          f"{res['torch dense'] * 1e3:.2f} ms, sparse {res['torch sparse'] * 1e3:.3f} ms, "
+          f"sparse speed-up {res['torch dense'] / res['torch sparse']:.0f}x; ours / torch: "
+          f"dense {res['dense'] / res['torch dense']:.2f}x, sparse "
+          f"{res['sparse'] / res['torch sparse']:.2f}x")
+
+
+def torch_embedding_step(rows, dim, g, offsets, threads):
+    """The same step in PyTorch: ``step(sparse, ids)`` runs an ``nn.EmbeddingBag`` forward,
+    ``backward(g)`` and ``optim.SGD``; None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    bags = {s: torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=s) for s in (True, False)}
+    opts = {s: torch.optim.SGD(bags[s].parameters(), lr=1e-3) for s in (True, False)}
+    g, offsets = torch.from_numpy(g), torch.from_numpy(offsets)
+
+    def step(sparse, ids):
+        opts[sparse].zero_grad(set_to_none=True)
+        bags[sparse](torch.from_numpy(ids), offsets).backward(g)
+        opts[sparse].step()
+
+    return step
 
 
 # --- 2. bytes moved: sparse PS vs dense all-reduce ------------------------------------------------

@@ -598,6 +598,17 @@ def test_the_library_optimiser_is_off_limits_in_sgd_step():
     _zero_on(result, "sgd_step is pure and correct", "40 steps equal plain gradient descent")
     assert "`mlsys_lab.optim.optimizers." in _feedback(result)
 
+    def via_fused_update(params, X, y, lr):  # the optimiser's kernel, on copies (still pure)
+        from mlsys_lab.kernels.optim import sgd_dense
+
+        grads = ml.grad(loss_fn)(params, X, y)
+        return {k: sgd_dense(np.array(v, copy=True), np.asarray(grads[k]), lr)
+                for k, v in params.items()}
+
+    result = run_cases("3.3", loss_fn, via_fused_update, seed=6)
+    _zero_on(result, "sgd_step is pure and correct", "40 steps equal plain gradient descent")
+    assert "`mlsys_lab.kernels.optim." in _feedback(result)
+
 
 def test_a_numpy_loss_gives_no_gradient():
     def numpy_loss(params, X, y):

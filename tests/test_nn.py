@@ -47,6 +47,33 @@ def test_sgd_matches_the_update_formula():
     np.testing.assert_allclose(p.numpy(), [1.0 - 0.1 - 0.15, -2.0 - 0.1 - 0.15], rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_sgd_dense_update_is_numpys_bit_for_bit(dtype):
+    # the fused in-place loop (kernels/optim.py) against numpy's p - dtype(lr) * g, over
+    # magnitudes from tiny to huge and the special values (a fused multiply-add, or lr kept in
+    # float64, would round differently); float16 and a strided gradient take the numpy path
+    from mlsys_lab.kernels.optim import sgd_dense
+
+    rng = np.random.default_rng(7)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 1.0, -3e38])
+    for n in (1, 7, 1000):
+        with np.errstate(all="ignore"):  # overflow to inf is part of what is compared
+            p = (rng.standard_normal(n) * 10.0 ** rng.uniform(-20, 20, n)).astype(dtype)
+            g = (rng.standard_normal(n) * 10.0 ** rng.uniform(-20, 20, n)).astype(dtype)
+            p[rng.integers(0, n, 3)] = rng.choice(special, 3)
+            g[rng.integers(0, n, 3)] = rng.choice(special, 3)
+        for lr in (1e-3, 0.3333, 7.0):
+            with np.errstate(all="ignore"):
+                want = p - np.asarray(lr, dtype) * g
+                got = sgd_dense(p.copy(), g, lr)
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(got.view(f"u{got.itemsize}"),
+                                          want.view(f"u{want.itemsize}"))
+    p2, g2 = rng.standard_normal((4, 6)), rng.standard_normal((6, 4)).T  # g2 not contiguous
+    want = p2 - 0.1 * g2
+    np.testing.assert_array_equal(sgd_dense(p2, g2, 0.1), want)
+
+
 def test_module_structure_and_modes():
     m = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, rng=0), nn.BatchNorm2d(2), nn.ReLU(),
                       nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(0.5), nn.Linear(8, 3, rng=1))

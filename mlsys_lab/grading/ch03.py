@@ -665,7 +665,7 @@ register(
         title="Functional style: loss_fn and sgd_step",
         target=("loss_fn", "sgd_step"),
         task="a pure gradient-descent step",
-        forbidden=("mlsys_lab.optim.optimizers",),
+        forbidden=("mlsys_lab.optim.optimizers", "mlsys_lab.kernels.optim"),
         cases=(
             Case("loss value on 3 problems", 1, probe=_loss_probe, judge=_loss_judge),
             Case("ml.grad(loss_fn) on 3 problems", 1.5, probe=_loss_grad_probe,

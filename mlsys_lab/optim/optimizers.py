@@ -17,6 +17,7 @@ from ..engine.sparse import RowSparse
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, CheckpointError, DTypeError
 from ..kernels import embedding as _rows
+from ..kernels.optim import sgd_dense
 
 #: PyTorch's wording for each hyper-parameter it checks, and whether it must also be below 1.
 _LIMITS = {"lr": ("learning rate", False), "momentum": ("momentum value", False),
@@ -171,7 +172,7 @@ class SGD(Optimizer):
             buf *= h["momentum"]
             buf += g
             g = g + h["momentum"] * buf if h["nesterov"] else buf
-        p.data -= np.asarray(h["lr"], p.data.dtype) * g
+        sgd_dense(p.data, g, h["lr"])  # p -= lr * g in one pass, without an lr * g temporary
 
     def sparse_update(self, p, g, st):
         """Plain SGD on the touched rows (momentum and weight decay would touch every row);
