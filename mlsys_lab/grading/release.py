@@ -91,8 +91,9 @@ def stamp_problem(nb_metadata: dict[str, Any], chapter: int | None, name: str,
                   require: bool = False) -> str:
     """Why a submission's release stamp does not match the installed checks, or ``""``.
 
-    ``""`` also when its chapter has no checks, and when the notebook carries no stamp (it was
-    not made by ``release``) unless ``require`` (``grade --strict``): then that is the problem.
+    ``""`` also when a stamped notebook's chapter has no checks, and when the notebook carries
+    no stamp (it was not made by ``release``) unless ``require`` (``grade --strict``): then
+    that is the problem.
     """
     meta = nb_metadata.get("mlsys_lab", {}) if isinstance(nb_metadata, dict) else {}
     stamp = meta.get("release") if isinstance(meta, dict) else None
