@@ -371,7 +371,7 @@ def grade_class(
         result = ClassResult(sub, report, cached, warnings.get(sub.name, ""))
         results[index] = result
         if cache is not None and not cached and index in keys:
-            cache.put(sub.name or str(sub.path), keys[index], report)
+            cache.put(sub.label, keys[index], report)
             cache.save()
         if on_result is not None:
             on_result(result)
@@ -384,7 +384,7 @@ def grade_class(
             done(index, _failed(sub, f"could not read the file: {error}"))
             continue
         keys[index] = cache_key(content, sub, options, checks)
-        hit = cache.get(sub.name or str(sub.path), keys[index]) if cache is not None else None
+        hit = cache.get(sub.label, keys[index]) if cache is not None else None
         if hit is not None:
             done(index, hit, cached=True)
         else:

@@ -140,7 +140,7 @@ def _class(args) -> int:
               file=sys.stderr)
         return 130
     bar.close()
-    if cache is not None and cache.prune(s.name or str(s.path) for s in subs):
+    if cache is not None and cache.prune(s.label for s in subs):
         cache.save()  # notebooks no longer in the folder
     if args.json:
         data = []

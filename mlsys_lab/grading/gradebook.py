@@ -96,7 +96,7 @@ def build_gradebook(results: list[ClassResult]) -> Gradebook:
                                             "submissions": [], "total": 0.0, "max": 0.0,
                                             "notes": [], "points": {}})
         row["student_id"] = row["student_id"] or sub.student_id
-        row["submissions"].append(sub.name or str(sub.path))
+        row["submissions"].append(sub.label)
         for grade in report.rows:
             exercises.add(grade.exercise)
             row["points"][grade.exercise] = float(grade.points)

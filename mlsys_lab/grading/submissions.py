@@ -45,6 +45,12 @@ class Submission:
         return int(self.assignment[2:]) if self.assignment.startswith("ch") else None
 
     @property
+    def label(self) -> str:
+        """The name it was found under in the class folder, else its path: what the re-grade
+        cache files it under and the gradebook lists."""
+        return self.name or str(self.path)
+
+    @property
     def key(self) -> str:
         """``student/assignment``: what identifies a submission in a gradebook."""
         return f"{self.student}/{self.assignment or '?'}"

@@ -12,7 +12,7 @@ difference), so it leaves ``p`` bit-identical to numpy's. The row-sparse updates
 import numba
 import numpy as np
 
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+from .embedding import _KERNEL_DTYPES
 
 
 @numba.njit(cache=False)
@@ -24,7 +24,7 @@ def _sgd_kernel(p, g, lr):
 def sgd_dense(p, g, lr):
     """``p -= p.dtype(lr) * g`` in place (float ops as numpy's); returns ``p``. A fused Numba
     pass for C-contiguous float32/float64 arrays of one shape and dtype, numpy otherwise."""
-    if (p.dtype in _DTYPES and g.dtype == p.dtype and g.shape == p.shape and p.size
+    if (p.dtype in _KERNEL_DTYPES and g.dtype == p.dtype and g.shape == p.shape and p.size
             and p.flags.c_contiguous and g.flags.c_contiguous and p.flags.writeable):
         _sgd_kernel(p.reshape(-1), g.reshape(-1), p.dtype.type(lr))
     else:
