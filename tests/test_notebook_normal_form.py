@@ -74,3 +74,53 @@ def test_check_command_reports_and_fixes(tmp_path, capsys):
     before = path.read_bytes()
     assert nf.main([str(path)]) == 0 and path.read_bytes() == before
     assert nf.main(["--check", str(path)]) == 0
+
+
+# ---------------------------------------------------------------------- outputs that show nothing
+def _blank(value) -> bool:
+    """A string (or nbformat's list of lines) that draws nothing: empty or whitespace only."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = "".join(value)
+    return isinstance(value, str) and not value.strip()
+
+
+def blank_outputs(nb) -> list[str]:
+    """Where ``nb`` holds an output that shows the reader nothing, as ``"cell N (execution
+    count E): what"``: a stream output that is empty or whitespace only (in JupyterLab an empty
+    stderr block is a pink bar with nothing in it, e.g. what ``tqdm(leave=False)`` leaves), or a
+    ``display_data`` / ``execute_result`` whose every representation is blank text."""
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            kind = out.get("output_type")
+            if kind == "stream" and _blank(out.get("text", "")):
+                what = f"blank {out.get('name')} stream {''.join(out.get('text', ''))!r:.40}"
+            elif kind in ("display_data", "execute_result") and \
+                    all(_blank(v) for v in out.get("data", {}).values()):
+                what = f"blank {kind} ({', '.join(out.get('data', {})) or 'no data'})"
+            else:
+                continue
+            found.append(f"cell {i} (execution count {cell.get('execution_count')}): {what}")
+    return found
+
+
+def test_blank_outputs_are_found():
+    nb = _nb()
+    assert blank_outputs(nb) == []
+    outs = nb.cells[0].outputs
+    outs.append(nbformat.v4.new_output("stream", name="stderr", text="\r   \n"))
+    outs.append(nbformat.v4.new_output("execute_result", data={"text/plain": ""}))
+    outs.append(nbformat.v4.new_output("display_data", data={}))
+    outs.append(nbformat.v4.new_output("display_data", data={"text/plain": "",
+                                                             "image/png": "iVBORw0KGgo="}))
+    found = blank_outputs(nb)
+    assert len(found) == 3, found
+    assert "blank stderr stream" in found[0] and "execution count" in found[0]
+    assert "blank execute_result (text/plain)" in found[1] and "no data" in found[2]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_notebook_has_no_blank_outputs(path):
+    found = blank_outputs(json.loads(path.read_text(encoding="utf-8")))
+    assert not found, (f"{path.relative_to(project_root())} holds outputs that show the reader "
+                       f"nothing (an empty stream is an empty bar in JupyterLab): {found}")
