@@ -222,3 +222,68 @@ def test_record_and_pipeline_errors_are_the_library_errors():
     assert issubclass(errors.PipelineError, (errors.MLSysError, RuntimeError))
     failure = errors.PipelineError("map 'f' failed", op="f", index=3)
     assert (failure.op, failure.index) == ("f", 3)
+
+
+def test_a_directory_or_other_non_file_is_refused_by_name(tmp_path):
+    """Issue 26.6: RecordFile(<a directory>) raised a bare IsADirectoryError from pread."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    with pytest.raises(RecordError, match=r"'.*shards'.*is a directory; expected a record file"):
+        RecordFile(folder)
+    with pytest.raises(RecordError, match="is a directory"):
+        list(read_shard(folder))
+    with pytest.raises(RecordError, match="not a regular file"):
+        RecordFile(os.devnull)
+    os.mkfifo(tmp_path / "pipe")  # opening a FIFO would wait for a writer forever
+    with pytest.raises(RecordError, match="pipe.*not a regular file"):
+        RecordFile(tmp_path / "pipe")
+    (tmp_path / "plain").write_bytes(b"")
+    with pytest.raises(RecordError, match=r"'.*plain' is a file, not a directory"):
+        RecordFile(tmp_path / "plain" / "a.rec")
+    with pytest.raises(RecordError, match="no such file"):
+        RecordFile(tmp_path / "missing.rec")
+    with pytest.raises(RecordError, match="truncated.*the file has 0"):
+        RecordFile(tmp_path / "plain")
+    for bad in (None, 3):
+        with pytest.raises(ArgumentError, match="RecordFile: path must be a str"):
+            RecordFile(bad)
+    with pytest.raises(ArgumentError, match="path is empty"):
+        RecordFile("")
+
+
+def test_a_writer_path_that_cannot_be_created_is_a_record_error(tmp_path):
+    """Issue 26.6: RecordWriter raised bare IsADirectoryError / FileNotFoundError /
+    NotADirectoryError, and a full disk a bare OSError."""
+    with pytest.raises(RecordError, match=r"RecordWriter\('.*'\): cannot create.*is a directory"):
+        RecordWriter(tmp_path)
+    with pytest.raises(RecordError, match=r"the directory '.*nowhere' does not exist"):
+        RecordWriter(tmp_path / "nowhere" / "a.rec")
+    (tmp_path / "plain").write_bytes(b"")
+    with pytest.raises(RecordError, match=r"'.*plain' is a file, not a directory"):
+        RecordWriter(tmp_path / "plain" / "a.rec")
+    with pytest.raises(RecordError, match="plain.*is a file, not a directory"):
+        write_sharded([b"a", b"b"], tmp_path / "plain" / "train", 2)
+    with pytest.raises(ArgumentError, match="RecordWriter: path must be a str"):
+        RecordWriter(None)
+    if os.path.exists("/dev/full"):
+        with pytest.raises(RecordError, match="cannot write.*No space left"):
+            with RecordWriter("/dev/full") as writer:
+                writer.write(b"x" * 100_000)
+
+
+@pytest.mark.parametrize("payload, message", [
+    (b"", "empty payload"),
+    (b"\x07", "unknown payload tag 7"),
+    (b"\x01\x02", "needs 4 bytes"),
+    (b"\x01\x10\0\0\0{}", "runs past the payload"),
+    (b"\x01\x02\0\0\0[1", "JSONDecodeError"),
+    (b'\x01\x0c\0\0\0[{"kind":1}]', "unknown kind 1"),
+    (b'\x01\x33\0\0\0[{"name":"a","kind":"bytes","offset":0,"nbytes":9}]xy', "runs past"),
+    (b'\x01\x4d\0\0\0[{"name":"a","kind":"array","dtype":"<f4","shape":[3],"offset":0,'
+     b'"nbytes":4}]abcd', "ValueError"),
+])
+def test_a_malformed_payload_is_a_record_error(payload, message):
+    """decode_payload raised bare ValueError, struct.error (not even a ValueError, so
+    RecordFile.__getitem__ let it through) and KeyError on payloads it cannot read."""
+    with pytest.raises(RecordError, match=message):
+        decode_payload(payload)

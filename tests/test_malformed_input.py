@@ -489,6 +489,61 @@ LAYERS = [
 ]
 
 
+# --- record files (data/records.py) -----------------------------------------------------------
+def _record_file(t, data=None, name="a.rec"):
+    from mlsys_lab.data.records import RecordFile, RecordWriter
+    path = t / name
+    if data is None:
+        with RecordWriter(path) as writer:
+            writer.write(b"one")
+            writer.write({"x": np.arange(3)})
+        return RecordFile(path)
+    path.write_bytes(data(path) if callable(data) else data)
+    return RecordFile(path)
+
+
+def _record_bytes(t):
+    from mlsys_lab.data.records import RecordWriter
+    with RecordWriter(t / "good.rec") as writer:
+        writer.write(b"payload")
+    return (t / "good.rec").read_bytes()
+
+
+def _plain_file(t):
+    (t / "plain").write_bytes(b"")
+    return t / "plain"
+
+
+def _records():
+    from mlsys_lab.data import records as rec
+    return rec
+
+
+RECORDS = [
+    row("RecordFile-directory", lambda t: _records().RecordFile(t), ("RecordFile", "directory")),
+    row("RecordFile-missing", lambda t: _records().RecordFile(t / "no.rec"), "no.rec"),
+    row("RecordFile-empty", lambda t: _record_file(t, b""), ("a.rec", "truncated")),
+    row("RecordFile-truncated", lambda t: _record_file(t, _record_bytes(t)[:-5]), "a.rec"),
+    row("RecordFile-wrong-magic", lambda t: _record_file(t, b"NOTAREC!" + _record_bytes(t)[8:]),
+        ("a.rec", "magic")),
+    row("RecordFile-file-as-directory",
+        lambda t: _records().RecordFile(_plain_file(t) / "a.rec"), ("plain", "not a directory")),
+    row("RecordFile-device", lambda t: _records().RecordFile("/dev/null"), "regular file"),
+    row("RecordFile-none", lambda t: _records().RecordFile(None), "RecordFile"),
+    row("RecordWriter-directory", lambda t: _records().RecordWriter(t), ("RecordWriter",
+                                                                         "directory")),
+    row("RecordWriter-missing-folder", lambda t: _records().RecordWriter(t / "no" / "a.rec"),
+        ("RecordWriter", "does not exist")),
+    row("RecordWriter-file-as-directory",
+        lambda t: _records().RecordWriter(_plain_file(t) / "a.rec"), ("plain", "not a directory")),
+    row("write_sharded-file-as-directory",
+        lambda t: _records().write_sharded([b"a"], _plain_file(t) / "p", 2), "plain"),
+    row("read_shard-directory", lambda t: list(_records().read_shard(t)), "directory"),
+    row("decode_payload-truncated", lambda t: _records().decode_payload(b"\x01\x02"),
+        "decode_payload"),
+]
+
+
 # --- the memory planner -----------------------------------------------------------------------
 def L(i, size, start, end):
     return Lifetime(i, size, start, end)
@@ -531,7 +586,7 @@ MEMORY = [
     row("verify-overlap", _verify_overlap, "overlap"),
 ]
 
-ALL = CREATION + OPS + COMPILE + AUTODIFF + SAVE_LOAD + LAYERS + MEMORY
+ALL = CREATION + OPS + COMPILE + AUTODIFF + SAVE_LOAD + LAYERS + RECORDS + MEMORY
 
 
 class _Hang(Exception):

@@ -19,8 +19,10 @@ numbers, serialised without pickle as a small JSON table of contents followed by
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -91,15 +93,40 @@ def encode_payload(value) -> bytes:
 
 
 def decode_payload(payload: bytes):
-    """Inverse of ``encode_payload``: ``bytes`` or a dict (arrays are fresh, writable copies)."""
-    if not payload:
-        raise ValueError("empty payload")
-    tag, body = payload[0], memoryview(payload)[1:]
+    """Inverse of ``encode_payload``: ``bytes`` or a dict (arrays are fresh, writable copies).
+
+    Raises:
+        RecordError: ``payload`` is not one ``encode_payload`` writes (empty, an unknown tag,
+            a table of contents that is cut short, not JSON or names a field outside the
+            payload, a dtype without pickle-free storage or a shape that does not fit).
+    """
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise ArgumentError(f"decode_payload: expects bytes, got {type(payload).__name__}")
+    if not len(payload):
+        raise RecordError("decode_payload: empty payload (no type tag)")
+    payload = memoryview(payload).cast("B")
+    tag, body = payload[0], payload[1:]
     if tag == _TAG_BYTES:
         return bytes(body)
     if tag != _TAG_DICT:
-        raise ValueError(f"unknown payload tag {tag}")
+        raise RecordError(f"decode_payload: unknown payload tag {tag} (0 is bytes, 1 a dict)")
+    try:
+        return _decode_dict(body)
+    except RecordError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, struct.error) as exc:
+        raise RecordError(f"decode_payload: malformed dict payload ({type(exc).__name__}: "
+                          f"{exc})") from None
+
+
+def _decode_dict(body):
+    if len(body) < 4:
+        raise RecordError(f"decode_payload: the table of contents' length needs 4 bytes, the "
+                          f"payload has {len(body)}")
     (toc_len,) = _U32.unpack_from(body, 0)
+    if 4 + toc_len > len(body):
+        raise RecordError(f"decode_payload: the table of contents ({toc_len} bytes) runs past "
+                          f"the payload ({len(body) - 4} bytes)")
     fields = json.loads(bytes(body[4:4 + toc_len]))
     data = body[4 + toc_len:]
     out = {}
@@ -107,16 +134,67 @@ def decode_payload(payload: bytes):
         if field["kind"] == "scalar":
             out[field["name"]] = field["value"]
             continue
-        start, stop = field["offset"], field["offset"] + field["nbytes"]
-        if stop > len(data):
-            raise ValueError(f"field {field['name']!r} runs past the payload")
+        if field["kind"] not in ("bytes", "array"):
+            raise RecordError(f"decode_payload: field {field.get('name')!r} has unknown kind "
+                              f"{field['kind']!r}")
+        start, stop = int(field["offset"]), int(field["offset"]) + int(field["nbytes"])
+        if start < 0 or stop < start or stop > len(data):
+            raise RecordError(f"decode_payload: field {field['name']!r} (bytes {start}..{stop})"
+                              f" runs past the payload ({len(data)} bytes of data)")
         raw = data[start:stop]
         if field["kind"] == "bytes":
             out[field["name"]] = bytes(raw)
         else:
             dtype = np.dtype(field["dtype"])
+            if dtype.hasobject:
+                raise RecordError(f"decode_payload: field {field['name']!r} has dtype {dtype}, "
+                                  "which a record never holds (it needs pickle)")
             out[field["name"]] = np.frombuffer(raw, dtype=dtype).reshape(field["shape"]).copy()
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths: a record file is one regular file.
+
+def _path_arg(fn: str, path) -> str:
+    """``path`` as a str, refusing what is no path at all (None, a number)."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise ArgumentError(f"{fn}: path must be a str or os.PathLike naming a record file, "
+                            f"got {type(path).__name__}") from None
+    if not path:
+        raise ArgumentError(f"{fn}: path is empty; expected the path of a record file")
+    return path
+
+
+def _open_error(fn: str, path, exc: OSError, verb: str) -> RecordError:
+    """The error for ``exc``, raised by the OS when ``fn`` tried to ``verb`` the file ``path``:
+    it names the file, what was expected and, for a missing folder or a file where a folder
+    should be, which part of the path is at fault."""
+    shown = os.fsdecode(path)
+    folder = os.path.dirname(shown) or "."
+    if exc.errno == errno.EISDIR or os.path.isdir(shown):
+        why = ("it is a directory; expected the path of a record file to create "
+               "(write_sharded takes a file-name prefix such as 'folder/train')"
+               if verb == "create" else
+               "it is a directory; expected a record file (the shards of a set are several "
+               "files: pass shard_paths(prefix, num_shards) to read_shard)")
+    elif exc.errno == errno.EINVAL and verb == "open":
+        why = "it is not a regular file (a device, a FIFO or a socket); expected a record file"
+    elif exc.errno == errno.ENOTDIR:
+        parent = folder
+        while parent and not os.path.exists(parent) and os.path.dirname(parent) != parent:
+            parent = os.path.dirname(parent)
+        why = (f"{parent!r} is a file, not a directory" if os.path.isfile(parent)
+               else "a part of the path that should be a directory is a file")
+    elif exc.errno == errno.ENOENT and verb == "create":
+        why = f"the directory {folder!r} does not exist"
+    elif exc.errno == errno.ENOENT:
+        why = "no such file"
+    else:
+        why = exc.strerror or str(exc)
+    return RecordError(f"{fn}({shown!r}): cannot {verb} the record file: {why}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,10 +211,17 @@ class RecordWriter:
     Args:
         path: The file to create (overwritten if it exists).
         metadata: JSON-serialisable dict stored in the header.
+
+    Raises:
+        RecordError: The file cannot be created or written (``path`` is a directory, its
+            directory is missing or is a file, no permission, a full disk); the message names
+            the path and what is wrong.
+        ArgumentError: ``path`` is not a path, or ``metadata`` is not JSON-serialisable.
     """
 
     def __init__(self, path, metadata: Mapping | None = None):
-        self.path = os.fspath(path)
+        self._file = None
+        self.path = _path_arg("RecordWriter", path)
         meta = {"format": FORMAT_NAME, "user": dict(metadata or {})}
         try:
             meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
@@ -144,10 +229,31 @@ class RecordWriter:
             raise ArgumentError(f"RecordWriter({self.path!r}): metadata is not JSON: {exc}") \
                 from None
         head = MAGIC + _U32.pack(VERSION) + _U32.pack(len(meta_bytes)) + meta_bytes
-        self._file = open(self.path, "wb")  # closed in close()
-        self._file.write(head + _U32.pack(_crc(head)))
-        self._offset = len(head) + 4
+        try:
+            self._file = open(self.path, "wb")  # closed in close()
+        except OSError as exc:
+            raise _open_error("RecordWriter", self.path, exc, "create") from None
+        self._offset = 0
         self._offsets: list[int] = []
+        self._write(head + _U32.pack(_crc(head)))
+
+    def _write(self, *chunks: bytes) -> None:
+        """Write ``chunks``; an OS failure (a full disk) closes the file and is a RecordError."""
+        try:
+            for chunk in chunks:
+                self._file.write(chunk)
+                self._offset += len(chunk)
+        except OSError as exc:
+            self._abandon()
+            raise RecordError(f"RecordWriter({self.path!r}): cannot write the record file: "
+                              f"{exc.strerror or exc}") from None
+
+    def _abandon(self) -> None:
+        file, self._file = self._file, None
+        try:
+            file.close()
+        except OSError:
+            pass  # the write that failed already says what went wrong
 
     def write(self, record) -> int:
         """Append one record (``bytes`` or a dict, see ``encode_payload``); return its index."""
@@ -155,23 +261,29 @@ class RecordWriter:
             raise ArgumentError(f"RecordWriter({self.path!r}) is closed")
         payload = encode_payload(record)
         length = _U64.pack(len(payload))
-        self._file.write(length)
-        self._file.write(payload)
-        self._file.write(_U32.pack(_crc(length, payload)))
-        self._offsets.append(self._offset)
-        self._offset += len(length) + len(payload) + 4
+        start = self._offset
+        self._write(length, payload, _U32.pack(_crc(length, payload)))
+        self._offsets.append(start)
         return len(self._offsets) - 1
 
     def close(self) -> None:
-        """Write the index and footer and close the file (idempotent)."""
+        """Write the index and footer and close the file (idempotent).
+
+        Raises:
+            RecordError: the OS could not write or flush the file (a full disk).
+        """
         if self._file is None:
             return
         index = _U64.pack(len(self._offsets)) + b"".join(_U64.pack(o) for o in self._offsets)
-        self._file.write(index + _U32.pack(_crc(index)))
-        index_offset = _U64.pack(self._offset)
-        self._file.write(_FOOTER.pack(self._offset, _crc(index_offset), END_MAGIC))
-        self._file.close()
-        self._file = None
+        index_offset = self._offset
+        self._write(index + _U32.pack(_crc(index)),
+                    _FOOTER.pack(index_offset, _crc(_U64.pack(index_offset)), END_MAGIC))
+        file, self._file = self._file, None
+        try:
+            file.close()  # flushes: a full disk may show only here
+        except OSError as exc:
+            raise RecordError(f"RecordWriter({self.path!r}): cannot write the record file: "
+                              f"{exc.strerror or exc}") from None
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -180,6 +292,12 @@ class RecordWriter:
         return self
 
     def __exit__(self, *exc_info):
+        if exc_info[0] is not None and self._file is not None:
+            try:
+                self.close()
+            except RecordError:
+                pass  # the exception already in flight says more
+            return
         self.close()
 
 
@@ -196,9 +314,11 @@ def write_sharded(records: Iterable, prefix, num_shards: int,
     Record ``j`` goes to shard ``j % num_shards``; every shard's header records its shard id.
     """
     paths = shard_paths(prefix, num_shards)
-    writers = [RecordWriter(p, {**dict(metadata or {}), "shard": k, "num_shards": num_shards})
-               for k, p in enumerate(paths)]
+    writers = []
     try:
+        for k, p in enumerate(paths):
+            writers.append(RecordWriter(p, {**dict(metadata or {}), "shard": k,
+                                            "num_shards": num_shards}))
         for j, record in enumerate(records):
             writers[j % num_shards].write(record)
     finally:
@@ -217,18 +337,28 @@ class RecordFile:
     ``os.pread`` so one open file can serve several threads (and forked processes).
 
     Raises:
-        RecordError: The file is truncated, corrupted or not a record file.
+        RecordError: The file is missing, a directory or no regular file, truncated, corrupted
+            or not a record file (the message names the path and what is wrong).
+        ArgumentError: ``path`` is not a path (None, a number).
     """
 
     def __init__(self, path):
-        self.path = os.fspath(path)
-        try:
+        self._fd = None
+        self.path = _path_arg("RecordFile", path)
+        try:  # before opening: opening a FIFO would wait for a writer
+            kind = os.stat(self.path).st_mode
+            if not stat.S_ISREG(kind):
+                raise IsADirectoryError(errno.EISDIR, "Is a directory") if stat.S_ISDIR(kind) \
+                    else OSError(errno.EINVAL, "Not a regular file")
             self._fd = os.open(self.path, os.O_RDONLY)
+            info = os.fstat(self._fd)
         except OSError as exc:
-            raise RecordError(f"RecordFile({self.path!r}): cannot open: {exc.strerror}") \
-                from None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            raise _open_error("RecordFile", self.path, exc, "open") from None
         try:
-            self._size = os.fstat(self._fd).st_size
+            self._size = info.st_size
             self.metadata, data_start = self._read_header()
             self._offsets = self._read_index(data_start)
         except BaseException:
@@ -261,7 +391,13 @@ class RecordFile:
         (version,) = _U32.unpack_from(head, len(MAGIC))
         if version != VERSION:
             raise self._fail(f"version {version}; this reader reads version {VERSION}")
-        meta = json.loads(rest[:meta_len])
+        try:
+            meta = json.loads(rest[:meta_len])
+        except ValueError as exc:  # the CRC matched, so the writer wrote it so
+            raise self._fail(f"the header's metadata is not JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise self._fail(f"the header's metadata is a JSON {type(meta).__name__}, not an "
+                             "object")
         return meta.get("user", {}), fixed + meta_len + 4
 
     def _read_index(self, data_start: int) -> list[int]:
