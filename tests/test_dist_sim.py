@@ -382,3 +382,83 @@ def test_background_tasks_run_beside_the_foreground_and_wait_gives_their_value()
         sim.run(sim.Cluster(sim.ring(2)), lambda comm: (yield comm.wait(3)))
     with pytest.raises(ArgumentError, match="need a generator"):
         sim.run(sim.Cluster(sim.ring(2)), lambda comm: (yield comm.start(talk)))
+
+
+def every_request(comm, from_form):
+    """One request of every kind, asked with ``yield`` or (``from_form``) ``yield from``."""
+    from mlsys_lab.distributed.collective_allreduce import _ring_allreduce, ring_plan
+
+    def ask(request):
+        if from_form:
+            return (yield from request)
+        return (yield request)
+
+    r, p = comm.rank, comm.size
+    right, left = (r + 1) % p, (r - 1) % p
+    got = {}
+    yield from ask(comm.send(np.arange(3) + r, right, tag=1))
+    got["recv"] = yield from ask(comm.recv(left, tag=1))
+    yield from ask(comm.send(np.array(2.5 * r), right, tag=2))
+    got["recv_out"] = yield from ask(comm.recv(left, tag=2, out=np.zeros(())))
+    got["sendrecv"] = yield from ask(comm.sendrecv(np.array([r]), right, left))
+    got["sendrecv_self"] = yield from ask(comm.sendrecv(np.array([r]), r, r))
+    got["exchange"] = yield from ask(comm.exchange(
+        [(np.array([r]), right), (np.array([-r]), left)], [left, right]))
+    yield from ask(comm.compute(flops=1e6))
+    yield from ask(comm.compute(seconds=1e-6))
+    if r == 0:
+        heard = []
+        for _ in range(p - 1):
+            heard.append((yield from ask(comm.recv_any(tag=3))))
+        got["recv_any"] = sorted((src, int(msg)) for src, msg in heard)
+    else:
+        yield from ask(comm.send(np.array(10 * r), 0, tag=3))
+    task = yield from ask(comm.start(allreduce(comm.dup(), np.full(2, r + 1.0))))
+    got["wait"] = yield from ask(comm.wait(task))
+    x = np.arange(5.0) * (r + 1)
+    flow = _ring_allreduce(comm, x, np.add, "every_request")
+    got["batched"] = yield from ask(comm.batched("allreduce/ring", x, "sum", flow, ring_plan))
+    sub = comm.sub([q for q in range(p) if q % 2 == r % 2])
+    got["sub"] = yield from ask(sub.sendrecv(np.array(r), (sub.rank + 1) % sub.size,
+                                             (sub.rank - 1) % sub.size))
+    return got
+
+
+def same_values(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_values(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_values, a, b))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.shape == b.shape and a.dtype == b.dtype and \
+            np.array_equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_requests_work_with_yield_and_yield_from(batched):
+    """``x = yield from comm.recv(0)`` (the collectives' form, an easy slip for a request)
+    gives what ``x = yield comm.recv(0)`` gives, for every kind of request, at the same time."""
+    p = 5
+    runs = [sim.run(sim.Cluster(sim.ring(p, A, B)), every_request, args=[(f,)] * p,
+                    batched=batched) for f in (False, True)]
+    plain, from_form = runs
+    assert plain.rank_time == from_form.rank_time and plain.trace == from_form.trace
+    for r in range(p):
+        assert same_values(plain.results[r], from_form.results[r])
+    got = from_form.results[1]  # the values themselves, for one rank
+    assert same_values(got["recv"], np.arange(3)) and got["recv_out"].shape == ()
+    assert same_values(got["exchange"], [np.array([0]), np.array([-2])])
+    assert same_values(got["wait"], np.full(2, 15.0))
+    assert same_values(got["batched"], np.arange(5.0) * 15)
+    assert from_form.results[0]["recv_any"] == [(q, 10 * q) for q in range(1, p)]
+
+
+def test_a_collective_called_with_yield_says_to_use_yield_from():
+    def slip(comm):
+        return (yield allreduce(comm, np.ones(2)))
+
+    with pytest.raises(ArgumentError, match="yield from"):
+        sim.run(sim.Cluster(sim.ring(2)), slip)
+    with pytest.raises(ArgumentError, match="yield the requests"):
+        sim.run(sim.Cluster(sim.ring(2)), lambda comm: (yield 3))

@@ -2,7 +2,8 @@
 
 A rank program is a generator function whose first argument is a communicator. Every
 communicator method except :meth:`Communicator.now` returns a *request*; the program ``yield``\\ s
-it, and the value of the ``yield`` expression is the request's result::
+it, and the value of the ``yield`` expression is the request's result (``yield from`` a
+request works the same, so ``x = yield from comm.recv(0)`` is no error)::
 
     def shift(comm, x):
         right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
@@ -93,9 +94,17 @@ class LinkFailure(CommError):
 # ------------------------------------------------------------------------------------ requests
 @dataclass(eq=False)
 class Request:
-    """Base of everything a rank program may yield."""
+    """Base of everything a rank program may yield.
+
+    ``x = yield request`` is the documented form; ``x = yield from request`` (the form of the
+    collectives, and an easy slip) works too and gives the same value: iterating a request
+    yields it once and returns what the backend sent back.
+    """
 
     comm: Any
+
+    def __iter__(self):
+        return (yield self)
 
 
 @dataclass(eq=False)
@@ -357,3 +366,15 @@ class Communicator:
 
     def _make_sub(self, members):
         raise NotImplementedError
+
+
+def not_a_request(backend, rank, value):
+    """The error for a rank program that yielded ``value``, which is no request; a generator
+    (a collective called with ``yield``) is told to use ``yield from``."""
+    if hasattr(value, "send") and hasattr(value, "throw"):
+        name = getattr(value, "__name__", type(value).__name__)
+        return ArgumentError(f"{backend}: rank {rank} yielded the generator {name}(...); call "
+                             f"collectives (generator functions) with `yield from`, e.g. "
+                             f"`x = yield from allreduce(comm, x)`, and requests with `yield`")
+    return ArgumentError(f"{backend}: rank {rank} yielded {type(value).__name__} "
+                         f"{value!r:.60}; yield the requests comm methods return")

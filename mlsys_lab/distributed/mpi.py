@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, DTypeError
 from .comm import (
     ANY_SOURCE,
     Batched,
@@ -49,6 +49,7 @@ from .comm import (
     Wait,
     check_fits,
     fill,
+    not_a_request,
 )
 
 
@@ -80,7 +81,13 @@ _SPIN_SECONDS = 0.05  # poll flat out this long, then nap between polls
 
 
 def _header(array):
-    code = array.dtype.str.encode()
+    """The message header: ``ndim``, the dtype's ``str`` code, the shape. A 0-d array is
+    ``ndim`` 0 and arrives 0-d; the code keeps the byte order, so dtypes round-trip exactly."""
+    dtype = array.dtype
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise DTypeError(f"mpi: cannot send an array of dtype {dtype} (objects and structured "
+                         f"dtypes do not travel as raw bytes); send plain numeric arrays")
+    code = dtype.str.encode()
     if array.ndim > _HEADER - 9 or len(code) > 8:
         raise ArgumentError(f"mpi: cannot send an array of {array.ndim} dims / dtype "
                             f"{array.dtype}")
@@ -173,7 +180,8 @@ class MpiCommunicator(Communicator):
 
     # -- the operations ---------------------------------------------------------------------
     def _isend(self, array, dst, tag):
-        array = np.ascontiguousarray(array)
+        # not np.ascontiguousarray: it makes a 0-d array 1-d, so a 0-d message arrived (1,)
+        array = np.asarray(array, order="C")
         head = _header(array)
         requests = [self._mpi.Isend(head, dest=dst, tag=tag),
                     self._mpi.Isend(_bytes_of(array), dest=dst, tag=tag)]
@@ -323,8 +331,7 @@ def _drive(comm, program):
         elif isinstance(request, Request):
             value, error = comm.serve(request), None
         else:
-            raise ArgumentError(f"mpi.run: rank {comm.rank} yielded {type(request).__name__}; "
-                                f"yield the requests comm methods return")
+            raise not_a_request("mpi.run", comm.rank, request)
 
 
 def _parse_bytes(text):

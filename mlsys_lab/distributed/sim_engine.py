@@ -28,6 +28,7 @@ from .comm import (
     Start,
     Wait,
     fill,
+    not_a_request,
 )
 from .sim_batch import BatchedRing
 from .sim_network import FairNetwork, ReservationNetwork
@@ -194,8 +195,7 @@ class Engine(BatchedRing):
                 error = exc
                 continue
             if not isinstance(request, Request):
-                raise ArgumentError(f"sim.run: rank {rank} yielded {type(request).__name__} "
-                                    f"{request!r:.60}; yield the requests comm methods return")
+                raise not_a_request("sim.run", rank, request)
             if getattr(request.comm, "_engine", None) is not self:
                 raise ArgumentError(f"sim.run: rank {rank} yielded a request of a communicator "
                                     f"from another run")
