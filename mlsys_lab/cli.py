@@ -140,10 +140,14 @@ def _cmd_doctor(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from mlsys_lab.reader.export import export_site
+    from mlsys_lab.reader.export import export_pages
 
-    index = export_site(args.out, root=_project_root())
-    print(f"wrote {index}")
+    pages = export_pages(args.out, root=_project_root(),
+                         progress=lambda line: print(line, flush=True))
+    print(f"wrote {len(pages)} pages ({len(pages) - 1} chapters and the start page):")
+    for page in pages:
+        print(f"  {page}")
+    print(f"open {pages[-1]} in a browser")
     return 0
 
 

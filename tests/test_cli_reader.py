@@ -4,6 +4,7 @@ conda; ``mlsys-lab open``/``--version``/``doctor``/``export``; the start page.""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -30,16 +31,17 @@ def _command_after(heading: str) -> str:
 
 FAKE = {
     # Each fake records its arguments; python3 -m venv makes an activate script that puts the
-    # venv's (fake) pip, python and jupyter first on PATH, as a real venv does.
+    # venv's (fake) pip, python, jupyter and mlsys-lab first on PATH, as a real venv does.
     "apt-get": 'echo "apt-get $*" >> "$LOG"',
     "sudo": 'echo "sudo $1" >> "$LOG"; "$@"',
     "python3": 'if [ "$1 $2" = "-m venv" ]; then /bin/mkdir -p "$3/bin";'
                ' echo "PATH=$PWD/$3/bin:\\$PATH" > "$3/bin/activate";'
-               ' for t in pip python jupyter; do'
+               ' for t in pip python jupyter mlsys-lab; do'
                ' printf "#!/bin/bash\\necho venv-$t \\$* >> \\"\\$LOG\\"\\n" > "$3/bin/$t";'
                ' /bin/chmod +x "$3/bin/$t"; done; fi; echo "python3 $*" >> "$LOG"',
     "conda": 'echo "conda $*" >> "$LOG"',
     "jupyter": 'echo "system-jupyter $*" >> "$LOG"',
+    "mlsys-lab": 'echo "system-mlsys-lab $*" >> "$LOG"',
 }
 
 
@@ -66,7 +68,9 @@ def test_readme_setup_runs_as_root_without_sudo(tmp_path, heading):
     log = _run_readme(command, tmp_path, ["apt-get", "python3"])
     assert log[0] == "apt-get update" and log[1].startswith("apt-get install -y graphviz")
     assert "python3 -m venv .venv" in log and 'venv-pip install -e .[dev]' in log
-    assert log[-1].startswith("venv-jupyter lab index.ipynb" if "Open" in heading else
+    # `mlsys-lab open`, not `jupyter lab`: Jupyter refuses to start as root without
+    # --allow-root, which `mlsys-lab open` adds there (test_open_as_root_allows_root).
+    assert log[-1].startswith("venv-mlsys-lab open" if "Open" in heading else
                               "venv-python -m pytest --nbval-lax tests chapters solutions")
 
 
@@ -82,9 +86,10 @@ def test_readme_test_command_installs_the_browser():
 
 
 def test_readme_conda_route(tmp_path):
-    log = _run_readme(_command_after("### The conda route"), tmp_path, ["conda", "jupyter"])
+    log = _run_readme(_command_after("### The conda route"), tmp_path,
+                      ["conda", "jupyter", "mlsys-lab"])
     assert log == ["conda env create -f environment.yml", "conda activate mlsys-lab",
-                   "system-jupyter lab index.ipynb"]
+                   "system-mlsys-lab open"]
 
 
 def test_ci_script_installs_the_browser_as_root_or_with_sudo():
@@ -121,11 +126,80 @@ def test_lab_command_without_a_start_page(tmp_path):
     assert cmd[-1] == f"--ServerApp.root_dir={tmp_path.resolve()}"
 
 
+def _open_command(monkeypatch, euid: int, *args: str) -> list[str]:
+    """The command `mlsys-lab open` runs when the effective uid is ``euid``."""
+    calls = []
+    monkeypatch.setattr(launch.os, "geteuid", lambda: euid)
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, cwd=None: calls.append(cmd) or 0)
+    assert cli.main(["open", *args]) == 0
+    (cmd,) = calls
+    return cmd
+
+
+def test_open_as_root_allows_root(monkeypatch):
+    # Jupyter exits with "Running as root is not recommended. Use --allow-root to bypass."
+    cmd = _open_command(monkeypatch, 0)
+    assert cmd[:4] == [sys.executable, "-m", "jupyterlab", "--allow-root"]
+    assert cmd.count("--allow-root") == 1 and cmd[-1] == "index.ipynb"
+    assert "--allow-root" not in _open_command(monkeypatch, 1000)        # a user needs none
+    assert _open_command(monkeypatch, 0, "--", "--allow-root").count("--allow-root") == 1
+
+
+@pytest.mark.xdist_group("jupyter-server")      # starts a server on a port, as the browser tests
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="checks the root case; the command is checked by the test above")
+def test_open_as_root_starts_a_server_that_answers(monkeypatch, tmp_path):
+    """As root, the command `mlsys-lab open` runs really starts JupyterLab, which answers."""
+    import secrets
+    import signal
+    import time
+    import urllib.request
+
+    from mlsys_lab.reader.browser import free_port
+
+    port, token, answered = free_port(), secrets.token_hex(8), []
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "JUPYTER_DATA_DIR": str(tmp_path / "data"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+
+    def run(cmd, cwd=None):
+        log = open(tmp_path / "lab.log", "wb")
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    url = f"http://127.0.0.1:{port}/api/status?token={token}"
+                    with urllib.request.urlopen(url, timeout=2) as reply:
+                        answered.append(reply.status)
+                        break
+                except OSError:
+                    time.sleep(0.5)
+            return proc.poll() or 0
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=15)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            log.close()
+
+    monkeypatch.setattr(cli.subprocess, "call", run)
+    assert cli.main(["open", "--", "--no-browser", "--ServerApp.ip=127.0.0.1",
+                     f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+                     f"--IdentityProvider.token={token}"]) == 0
+    assert answered == [200], (tmp_path / "lab.log").read_text(errors="replace")[-3000:]
+
+
 def test_doctor_reports_everything_with_fixes(capsys):
     found = doctor.checks()
     names = [c.name for c in found]
     assert names == ["Python", "numpy", "numba", "JupyterLab", "ipywidgets", "matplotlib",
-                     "Graphviz dot", "CUDA", "MPI", "browser"]
+                     "Graphviz dot", "CUDA", "MPI", "browser", "Chinese font"]
     import numba
     import numpy
 
@@ -153,6 +227,42 @@ def test_doctor_names_the_fix_for_what_is_missing(monkeypatch):
     text = doctor.report(list(found.values()))
     assert "MISSING" in text and "missing for the chapters: numpy" in text
     assert doctor.run_doctor() == 1
+
+
+def test_doctor_finds_a_chinese_font_or_names_the_package(monkeypatch):
+    # Chromium on a fresh Debian has no CJK font: every chapter's Chinese name is empty boxes.
+    listed = {"out": ""}
+    monkeypatch.setattr(doctor.sys, "platform", "linux")
+    monkeypatch.setattr(doctor.shutil, "which", lambda name, path=None: f"/usr/bin/{name}")
+
+    def run(cmd, **kwargs):
+        assert cmd == ["/usr/bin/fc-list", ":lang=zh", "family"]
+        return subprocess.CompletedProcess(cmd, 0, listed["out"], "")
+
+    monkeypatch.setattr(doctor.subprocess, "run", run)
+    none = doctor._cjk_font()
+    assert not none.ok and not none.required and "fonts-noto-cjk" in none.fix
+    assert "apt-get install -y fonts-noto-cjk" in none.fix and "empty boxes" in none.found
+    text = doctor.report([none])
+    assert "absent (optional)  Chinese font" in text and "fonts-noto-cjk" in text
+    listed["out"] = "Noto Sans CJK JP,Noto Sans CJK JP Regular\nNoto Sans CJK SC\n"
+    found = doctor._cjk_font()
+    assert found.ok and found.found == "Noto Sans CJK SC and 1 more"
+    monkeypatch.setattr(doctor.shutil, "which", lambda name, path=None: None)   # no fontconfig
+    assert not doctor._cjk_font().ok and "fonts-noto-cjk" in doctor._cjk_font().fix
+
+
+def test_doctor_cuda_is_optional_the_chapters_use_the_simulator(monkeypatch):
+    import numba.cuda
+
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    monkeypatch.setattr(numba.cuda, "is_available", lambda: False)
+    cuda = doctor._cuda()
+    assert not cuda.ok and not cuda.required and cuda.note.startswith("optional")
+    assert "simulator by itself" in cuda.fix and "export" not in cuda.fix   # no step to take
+    assert "absent (optional)" in doctor.report([cuda])
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    assert doctor._cuda().ok and "simulator" in doctor._cuda().note
 
 
 # ----------------------------------------------------------------------------- the start page
@@ -205,3 +315,30 @@ def test_offline_notebook_keeps_pictures_and_revives_explorers():
     page = export.export_notebook(nb, "demo")
     assert "window.__mlsysExplorer" in page and "export default" not in page
     assert not re.findall(r'<(?:script|link)[^>]+(?:src|href)="https?:', page)
+
+
+def test_export_prints_each_chapter_as_it_goes_and_lists_the_pages(tmp_path, monkeypatch, capsys):
+    # It used to print nothing for a minute, then only "wrote site/index.html".
+    (tmp_path / "chapters").mkdir()
+    for number, english, chinese in ((2, "Intro", "导论"), (3, "Interface", "编程接口")):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_markdown_cell(f"# Chapter {number} · {english} · {chinese}")]
+        nbformat.write(nb, str(tmp_path / "chapters" / f"0{number}_{english.lower()}.ipynb"))
+    printed_before = []
+
+    def render(nb, title):              # what had been printed when each page started
+        printed_before.append(capsys.readouterr().out)
+        return f"<html>{title}</html>"
+
+    monkeypatch.setattr(export, "export_notebook", render)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["export", "--out", "site"]) == 0
+    rest = capsys.readouterr().out
+    assert printed_before[0].startswith("exporting 2 chapters")
+    assert "[1/2] chapters/02_intro.ipynb -> site/02_intro.html" in printed_before[1]
+    assert "[2/2] chapters/03_interface.ipynb -> site/03_interface.html" in rest
+    assert "wrote 3 pages (2 chapters and the start page):" in rest
+    listed = [line.strip() for line in rest.splitlines() if line.startswith("  ")]
+    assert listed == ["site/02_intro.html", "site/03_interface.html", "site/index.html"]
+    assert all((tmp_path / page).is_file() for page in listed)
+    assert "编程接口" in (tmp_path / "site" / "index.html").read_text(encoding="utf-8")

@@ -74,9 +74,11 @@ def _dot() -> Check:
 
 
 def _cuda() -> Check:
+    """An NVIDIA GPU is optional: chapter 8 (and its exercises) switch on Numba's CUDA simulator
+    in their first cell, so the CUDA kernels run (slowly, in Python) without one."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return Check("CUDA", True, "Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)", False,
-                     "unset NUMBA_ENABLE_CUDASIM on a machine with an NVIDIA GPU", "")
+                     "", "the chapters' CUDA kernels run in the simulator")
     found, ok = "no NVIDIA GPU or driver found", False
     try:
         from numba import cuda
@@ -88,9 +90,42 @@ def _cuda() -> Check:
     except Exception as error:  # a broken driver is reported, not raised
         found = f"numba.cuda unavailable ({type(error).__name__})"
     return Check("CUDA", ok, found, False,
-                 "needs an NVIDIA GPU and driver; without one the CUDA kernels run in Numba's "
-                 "simulator: export NUMBA_ENABLE_CUDASIM=1",
-                 "chapter 8's GPU ladder")
+                 "nothing to do: chapter 8 runs its CUDA kernels in Numba's simulator by "
+                 "itself; for real GPU timings use a machine with an NVIDIA GPU and driver",
+                 "optional: real GPU timings in chapter 8" if not ok else
+                 "chapter 8's GPU ladder (its first cell picks the simulator; set "
+                 "NUMBA_ENABLE_CUDASIM=0 there to use this GPU)")
+
+
+#: Debian/Ubuntu's package of CJK fonts (Noto Sans/Serif CJK); Chromium shows empty boxes for
+#: the chapters' Chinese names (计算图) without some Chinese font.
+CJK_PACKAGE = "fonts-noto-cjk"
+
+
+def _cjk_font() -> Check:
+    """Whether fontconfig knows a font with Chinese glyphs (``fc-list :lang=zh``). Chromium on
+    Linux draws text through fontconfig; macOS and Windows ship Chinese fonts."""
+    fix = f"{APT} {CJK_PACKAGE}"
+    note = "the chapters' Chinese names in Chromium and in exported pages"
+    if not sys.platform.startswith("linux"):
+        return Check("Chinese font", True, f"the system's fonts ({sys.platform})", False, fix, "")
+    fc_list = shutil.which("fc-list")
+    if fc_list is None:
+        return Check("Chinese font", False, "fontconfig's fc-list not found", False,
+                     f"{APT} fontconfig {CJK_PACKAGE}", note)
+    try:
+        out = subprocess.run([fc_list, ":lang=zh", "family"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as error:
+        return Check("Chinese font", False, f"fc-list failed ({type(error).__name__})", False,
+                     fix, note)
+    families = sorted({line.split(",")[0].strip() for line in out.splitlines() if line.strip()},
+                      key=lambda name: (" SC" not in name, name))   # Simplified Chinese first
+    if not families:
+        return Check("Chinese font", False, "none (fc-list :lang=zh lists no font): Chinese "
+                     "names show as empty boxes", False, fix, note)
+    more = f" and {len(families) - 1} more" if len(families) > 1 else ""
+    return Check("Chinese font", True, families[0] + more, False, fix, "")
 
 
 def _mpi() -> Check:
@@ -135,6 +170,7 @@ def checks() -> list[Check]:
         _cuda(),
         _mpi(),
         _browser(),
+        _cjk_font(),
     ]
 
 

@@ -23,7 +23,7 @@ from ..viz.math_picture import render_math
 from ..viz.timeline_view import MIMETYPE as TIMELINE_MIMETYPE
 from .catalogue import PART_PAGES, chapters, project_root
 
-__all__ = ["export_notebook", "export_site", "offline_notebook"]
+__all__ = ["export_notebook", "export_pages", "export_site", "offline_notebook"]
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 TEMPLATES = Path(__file__).with_name("templates")
@@ -111,18 +111,39 @@ those numbers.</p></body></html>
 """
 
 
-def export_site(out, root: Path | None = None) -> Path:
-    """Write every chapter's page and ``index.html`` into folder ``out``; returns the index."""
+def export_pages(out, root: Path | None = None, progress=None) -> list[Path]:
+    """Write every chapter's page and ``index.html`` into folder ``out``; returns the pages
+    written, the chapters in order and the index last.
+
+    ``progress``, when given, is called with one line of text before the first chapter and after
+    each page is written (``mlsys-lab export`` prints them: a chapter takes seconds to render).
+    """
+    import time
+
     root = project_root(root)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for chapter in chapters(root):
+    todo = chapters(root)
+    say = progress or (lambda line: None)
+    say(f"exporting {len(todo)} chapters from {root} into {out}/")
+    entries, pages = [], []
+    for i, chapter in enumerate(todo, 1):
+        start = time.perf_counter()
         nb = nbformat.read(root / chapter.notebook, as_version=4)
         page = Path(chapter.notebook).with_suffix(".html").name
         title = f"{chapter.number} · {chapter.english} · {chapter.chinese}"
         (out / page).write_text(export_notebook(nb, title), encoding="utf-8")
         entries.append((chapter, page))
+        pages.append(out / page)
+        say(f"[{i:>{len(str(len(todo)))}}/{len(todo)}] {chapter.notebook} -> {out / page}  "
+            f"({time.perf_counter() - start:.1f} s)")
     index = out / "index.html"
     index.write_text(_start_page(entries), encoding="utf-8")
-    return index
+    pages.append(index)
+    return pages
+
+
+def export_site(out, root: Path | None = None, progress=None) -> Path:
+    """Write every chapter's page and ``index.html`` into folder ``out``; returns the index
+    (:func:`export_pages` returns every page; ``progress`` as there)."""
+    return export_pages(out, root, progress)[-1]
