@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import mlsys_lab as ml
 from mlsys_lab.distributed.sparse import RowSparse as DistRowSparse
+from mlsys_lab.engine import ops_sparse
 from mlsys_lab.engine.sparse import RowSparse
 from mlsys_lab.errors import ArgumentError, DTypeError, RankError
 
@@ -324,3 +325,66 @@ def eager_bag_case(rng, dtype):
     if mode == "sum" and rng.random() < 0.5:
         arrays.append(rng.choice([-1.0, 0.0, -0.0, 0.5, 2.0, np.nan], 9).astype(dtype))
     return arrays, {"mode": mode, "sparse": bool(rng.integers(2))}
+
+
+# --- issue 26: int32 ids, all-empty batches, negative ids --------------------------------------
+def _bag_run(ids_dtype, off_dtype, mode, sparse, psw, last):
+    """Forward, the table's gradient and the per-sample weights' gradient of one bag batch,
+    with ids and offsets of the given dtypes."""
+    r = np.random.default_rng(4)
+    w0 = r.standard_normal((6, 3)).astype(np.float32)
+    ids = np.array([5, 0, 0, 3, 2, 5, 1], ids_dtype)
+    offsets = np.array([0, 2, 2, 5] + ([7] if last else []), off_dtype)  # bag 1 is empty
+    gout = r.standard_normal((4, 3)).astype(np.float32)
+    w = ml.tensor(w0, requires_grad=True)
+    p = ml.tensor(r.standard_normal(7).astype(np.float32), requires_grad=True) if psw else None
+    y = ml.ops.embedding_bag(w, ids, offsets, mode, sparse, per_sample_weights=p,
+                             include_last_offset=last)
+    (y * ml.tensor(gout)).sum().backward()
+    assert isinstance(w.grad, RowSparse) == sparse
+    return y.numpy(), np.asarray(w.grad), None if p is None else p.grad.numpy()
+
+
+@pytest.mark.parametrize("ids_dtype,off_dtype", [(np.int32, np.int32), (np.int32, np.int64),
+                                                 (np.int64, np.int32), (np.uint32, np.int16)])
+@pytest.mark.parametrize("mode,psw", [("sum", False), ("mean", False), ("sum", True)])
+@pytest.mark.parametrize("sparse,last", [(False, False), (True, False), (True, True)])
+def test_int32_ids_and_offsets_work_on_every_bag_path(ids_dtype, off_dtype, mode, psw, sparse,
+                                                      last):
+    """PyTorch takes int32 as well as int64 ids and offsets; the prefetch in the Numba gather
+    used to get an int32 row index uncast and fail to compile ('Operands must be the same
+    type, got (i32, i64)'). Every path equals the int64 one bit for bit."""
+    got = _bag_run(ids_dtype, off_dtype, mode, sparse, psw, last)
+    want = _bag_run(np.int64, np.int64, mode, sparse, psw, last)
+    for a, b in zip(got, want):
+        if b is not None:
+            np.testing.assert_array_equal(a, b)
+
+
+def test_int32_ids_in_layers_compiled_graphs_and_optimisers():
+    ids32 = np.array([[1, 4], [4, 0]], np.int32)
+    for sparse in (False, True):
+        tables = [ml.nn.Embedding(5, 2, rng=0, sparse=sparse) for _ in range(2)]
+        opts = [ml.optim.Adagrad(t.parameters(), lr=0.1) for t in tables]
+        for t, opt, ids in zip(tables, opts, (ids32, ids32.astype(np.int64))):
+            np.testing.assert_array_equal(t(ids).numpy(), t.weight.numpy()[ids])
+            (t(ids) ** 2).sum().backward()
+            opt.step()
+        np.testing.assert_array_equal(tables[0].weight.numpy(), tables[1].weight.numpy())
+    bag = ml.nn.EmbeddingBag(5, 2, mode="mean", rng=0)
+    np.testing.assert_array_equal(bag(ids32).numpy(), bag(ids32.astype(np.int64)).numpy())
+    np.testing.assert_array_equal(
+        bag(ids32.reshape(-1), np.array([0, 3], np.int32)).numpy(),
+        bag(ids32.reshape(-1).astype(np.int64), np.array([0, 3])).numpy())
+    w = np.arange(10, dtype=np.float32).reshape(5, 2)
+    f = ml.compile(lambda t, i, o: ml.ops.embedding_bag(t, i, o, "sum"), w,
+                   np.array([0, 2], np.int32), np.array([0], np.int32))
+    np.testing.assert_array_equal(f(w, np.array([0, 2], np.int32), np.array([0], np.int32)),
+                                  [[4.0, 6.0]])
+    g = ml.grad(lambda t: ml.ops.embedding_bag(t, np.array([3, 3], np.int32),
+                                               np.array([0], np.int32), "sum", True).sum())(w)
+    np.testing.assert_array_equal(np.asarray(g), [[0, 0], [0, 0], [0, 0], [2, 2], [0, 0]])
+    dense_grad = ops_sparse.embedding_bag_grad(ml.tensor(np.ones((1, 2), np.float32)),
+                                               np.array([0, 2, 2], np.int32),
+                                               np.array([0], np.int32), 3)
+    np.testing.assert_array_equal(dense_grad.numpy(), [[1, 1], [0, 0], [2, 2]])

@@ -27,13 +27,19 @@ PREFETCH_DISTANCE = 16
 def prefetch(typingctx, arr, row, col):
     """Ask for the cache line holding ``arr[row, col]`` (``llvm.prefetch``; a hint: never
     faults, returns nothing). Row-sparse kernels call it a few rows ahead, so the cache misses
-    of random rows overlap instead of queueing."""
+    of random rows overlap instead of queueing. ``row`` and ``col`` may be integers of any
+    width or signedness (int32 ids as well as int64): both are widened to ``intp`` first, as
+    the pointer arithmetic needs operands of one type."""
+    if not isinstance(row, types.Integer) or not isinstance(col, types.Integer):
+        return None
     sig = types.void(arr, row, col)
 
     def codegen(context, builder, signature, args):
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]])
+        index = [context.cast(builder, v, t, types.intp)
+                 for v, t in zip(args[1:], signature.args[1:])]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, index)
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
