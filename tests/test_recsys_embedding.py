@@ -388,3 +388,60 @@ def test_int32_ids_in_layers_compiled_graphs_and_optimisers():
                                                np.array([0, 2, 2], np.int32),
                                                np.array([0], np.int32), 3)
     np.testing.assert_array_equal(dense_grad.numpy(), [[1, 1], [0, 0], [2, 2]])
+
+
+@pytest.mark.parametrize("opt_cls,hyper", [(ml.optim.SGD, {"lr": 0.5}),
+                                           (ml.optim.Adagrad, {"lr": 0.3, "lr_decay": 0.1}),
+                                           (ml.optim.SparseAdam, {"lr": 0.1})])
+@pytest.mark.parametrize("layer", ["bag", "embedding"])
+def test_a_batch_of_only_empty_bags_steps_without_moving_anything(opt_cls, hyper, layer):
+    """Every bag empty (or no ids at all): the gradient is a RowSparse of 0 rows. PyTorch's
+    SGD, Adagrad and SparseAdam step (nothing moves, the step still counts); ours used to
+    fail reshaping the 0 rows ('cannot reshape array of size 0 into shape (0,newaxis)')."""
+    if layer == "bag":
+        m = ml.nn.EmbeddingBag(6, 3, mode="sum", sparse=True, rng=0)
+        run = lambda: m(np.zeros(0, np.int64), np.array([0, 0, 0]))  # noqa: E731
+    else:
+        m = ml.nn.Embedding(6, 3, sparse=True, rng=0)
+        run = lambda: m(np.zeros((2, 0), np.int32))  # noqa: E731
+    opt = opt_cls(m.parameters(), **hyper)
+    w0 = m.weight.numpy().copy()
+    state0 = {k: v.copy() for k, v in opt.state[0].items()}
+    run().sum().backward()
+    assert isinstance(m.weight.grad, RowSparse) and m.weight.grad.nnz_rows == 0
+    opt.step()
+    np.testing.assert_array_equal(m.weight.numpy(), w0)
+    for k, v in opt.state[0].items():
+        np.testing.assert_array_equal(v, state0[k])
+    assert opt.step_count == 1
+    if opt_cls is ml.optim.SparseAdam:
+        assert opt.param_steps == [1]  # torch's SparseAdam: state["step"] += 1 all the same
+
+
+def test_sparse_adam_counts_an_empty_step_in_its_bias_correction():
+    """A step whose gradient has no rows advances the parameter's step count, as
+    ``torch.optim.SparseAdam``'s ``state['step']`` does, so the next step's bias correction
+    uses t = 2, not t = 1 (the reference counts every step that had a gradient)."""
+    w0 = np.random.default_rng(1).standard_normal((8, 3))
+    grads = _grads(2, steps=3)
+    grads.insert(1, (np.zeros(0, np.int64), np.zeros((0, 3))))
+    hyper = dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6)
+    got = _sparse_adam_steps(w0, grads, **hyper)
+    np.testing.assert_allclose(got, sparse_adam_reference(w0, grads, **hyper), rtol=1e-12)
+    skipped = [g for g in grads if len(g[0])]
+    assert not np.allclose(got, sparse_adam_reference(w0, skipped, **hyper), rtol=1e-12)
+
+
+def test_all_empty_batches_train_sparse_as_dense():
+    """Adagrad's lr decay counts the empty step on both paths: sparse equals dense."""
+    ws = []
+    for sparse in (True, False):
+        bag = ml.nn.EmbeddingBag(5, 2, mode="mean", sparse=sparse, rng=0)
+        opt = ml.optim.Adagrad(bag.parameters(), lr=0.3, lr_decay=0.5)
+        for ids, offsets in ((np.array([1, 2], np.int32), [0, 1]), (np.zeros(0, np.int32), [0]),
+                             (np.array([2, 4]), [0, 2])):
+            opt.zero_grad()
+            (bag(ids, np.array(offsets)) ** 2).sum().backward()
+            opt.step()
+        ws.append(bag.weight.numpy())
+    np.testing.assert_allclose(ws[0], ws[1], rtol=1e-6)

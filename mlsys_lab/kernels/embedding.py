@@ -182,11 +182,15 @@ def _rows2d(a):
     the dtype is not one the kernels take (float32, float64): the numpy reference then."""
     if not a.flags.c_contiguous or a.ndim == 0 or a.dtype not in _KERNEL_DTYPES:
         return None
-    return a.reshape(a.shape[0], -1)
+    return a.reshape(a.shape[0], math.prod(a.shape[1:]))
 
 
 def _flat(g, dtype):
-    return np.ascontiguousarray(g.values, dtype).reshape(g.indices.shape[0], -1)
+    """The gradient's values as a contiguous (k, row size) array. The row size is spelled
+    out, not ``-1``: a batch whose bags are all empty gives k = 0 rows, which numpy cannot
+    infer a ``-1`` from (the kernels then touch nothing, as PyTorch's step does)."""
+    values = np.ascontiguousarray(g.values, dtype)
+    return values.reshape(g.indices.shape[0], math.prod(values.shape[1:]))
 
 
 def sgd_rows(p, g, lr):
