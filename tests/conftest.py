@@ -6,9 +6,37 @@ are tested on machines without a GPU.
 
 import os
 
+import pytest
+
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 # If a plugin imported numba before this file ran, make it re-read the environment.
 import numba.core.config  # noqa: E402
 
 numba.core.config.reload_config()
+
+
+# --- running on every core (pytest-xdist, `-n auto --dist loadgroup`) ---------------------------
+# Tests that start a service (JupyterLab, Chromium, mpiexec) share one xdist group, so they run
+# one after another on one worker and never compete for ports or browsers; mark a new one with
+# `@pytest.mark.service` (or list its module here). Each notebook under nbval is one group too:
+# its cells must run in order in one kernel.
+SERVICE_MODULES = {"test_browser.py", "test_mpi.py", "test_viz_keyboard.py", "test_cli_reader.py"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "service: starts a server, a browser or mpiexec (such "
+                            "tests share one xdist group)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.path
+        if path.suffix == ".ipynb":
+            group = f"notebook:{path.parent.name}/{path.name}"
+        elif path.name in SERVICE_MODULES or item.get_closest_marker("service"):
+            group = "services"
+        else:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))

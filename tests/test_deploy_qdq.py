@@ -1,6 +1,16 @@
 """An int8 model exported as ONNX QDQ (QuantizeLinear / DequantizeLinear around the weights and
 activations) runs in onnxruntime and agrees with mlsys_lab's QDQ graph and its int8 kernels
-within one quantisation step of the output."""
+within one quantisation step of the output.
+
+onnxruntime's *optimised* session fuses the QDQ pattern into its integer kernels, and on an x86
+CPU without VNNI those sum u8 x s8 products in saturating int16 pairs (``vpmaddubsw``): there its
+answer is not the exact one but the one :mod:`mlsys_lab.deploy.int16_pairs` predicts. So the
+optimised session is compared exactly where the CPU has VNNI, with 7-bit weights, or with
+onnxruntime's u8 x u8 kernels (``session.x64quantprecision``), and with the prediction elsewhere;
+the unoptimised session is exact everywhere.
+"""
+
+import platform
 
 import numpy as np
 import pytest
@@ -11,6 +21,7 @@ from mlsys_lab.deploy import export_onnx
 from mlsys_lab.deploy import int8_kernels as K
 from mlsys_lab.deploy import passes as P
 from mlsys_lab.deploy import quantize as Q
+from mlsys_lab.deploy.int16_pairs import host_has_vnni, run_int16_pairs
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -26,13 +37,36 @@ def _mlp():
     return nn.Sequential(nn.Linear(64, 24, rng=0), nn.ReLU(), nn.Linear(24, 10, rng=1))
 
 
-def _session(model, optimise):
+#: Whether onnxruntime's optimised u8 x s8 kernels saturate on this CPU (x86 without VNNI).
+SATURATES = platform.machine().lower() in ("x86_64", "amd64") and not host_has_vnni()
+
+
+def _session(model, optimise, u8u8=False):
     opts = ort.SessionOptions()
     opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimise
                                      else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     opts.log_severity_level = 3
+    if u8u8:   # u8 x u8 kernels (int16 operands, vpmaddwd): no saturation on any CPU
+        opts.add_session_config_entry("session.x64quantprecision", "1")
     return ort.InferenceSession(model.SerializeToString(), opts,
                                 providers=["CPUExecutionProvider"])
+
+
+def _ort(model, x, optimise, u8u8=False):
+    return _session(model, optimise, u8u8).run(None, {model.graph.input[0].name: x})[0]
+
+
+def _check_optimised(model, qdq, x, ours, step, saturation_expected):
+    """onnxruntime's optimised session: exact where nothing can saturate, otherwise what int16
+    pair sums predict (its Conv with a separate bias Add stays float; MatMul + Add becomes
+    its integer QGemm, hence ``ops``)."""
+    theirs = _ort(model, x, optimise=True)
+    predicted = run_int16_pairs(K.lower_qdq(qdq), x, ops=("qlinear_matmul",))[0]
+    # the prediction is numpy: whether these inputs saturate does not depend on the CPU
+    gap = np.abs(predicted - ours).max() / step
+    assert (gap > 2) if saturation_expected else (gap == 0)
+    want = predicted if SATURATES else ours
+    assert np.abs(theirs - want).max() <= step * 1.001
 
 
 def _output_step(qdq):
@@ -67,13 +101,29 @@ def test_ptq_model_exports_as_qdq_and_matches_onnxruntime(make, shape, per_chann
     ours = P.run_numpy(qdq, x)[0]
     int8 = P.run_numpy(K.lower_qdq(qdq), x)[0]
     assert np.abs(ours - int8).max() <= step * 1.001
-    for optimise in (False, True):      # ORT's own QDQ -> QLinear fusion when optimising
-        theirs = _session(model, optimise).run(None, {model.graph.input[0].name: x})[0]
+    for optimise, u8u8 in ((False, False), (True, True)):   # exact on every CPU
+        theirs = _ort(model, x, optimise, u8u8)
         assert theirs.shape == ours.shape
         assert np.abs(theirs - ours).max() <= step * 1.001
         assert np.abs(theirs - int8).max() <= step * 1.001
         # the quantised model is not the float one: the outputs sit on the int8 grid
         assert np.allclose(np.rint(theirs / step) * step, theirs, atol=step * 1e-3)
+    _check_optimised(model, qdq, x, ours, step, saturation_expected=True)
+
+
+@pytest.mark.parametrize("make, shape", [(_mlp, (16, 64)), (_cnn, (4, 1, 8, 8))])
+def test_reduce_range_weights_cannot_saturate_so_every_session_is_exact(make, shape):
+    """7-bit weights (onnxruntime's ``reduce_range``): two products stay below 2 * 255 * 63 =
+    32130 < 32767, so the optimised session is exact on every CPU."""
+    x = np.random.default_rng(1).uniform(0, 1, shape).astype(np.float32)
+    qdq = _ptq(make().eval(), x, seed=2, per_channel=True, weight_bits=7)
+    model = export_onnx(qdq, (x,))
+    weights = [numpy_helper.to_array(t) for t in model.graph.initializer]
+    assert max(np.abs(w.astype(int)).max() for w in weights if w.dtype == np.int8) <= 63
+    ours = P.run_numpy(qdq, x)[0]
+    step = _output_step(qdq)
+    _check_optimised(model, qdq, x, ours, step, saturation_expected=False)
+    assert np.abs(_ort(model, x, optimise=True) - ours).max() <= step * 1.001
 
 
 def test_qat_model_exports_as_qdq_and_matches_onnxruntime():
@@ -85,9 +135,11 @@ def test_qat_model_exports_as_qdq_and_matches_onnxruntime():
         qat(ml.tensor(rng.uniform(0, 1, (8, 64)).astype(np.float32)))
     qdq = Q.qat_to_qdq(qat, x)
     model = export_onnx(qdq, (x,))
-    theirs = _session(model, True).run(None, {model.graph.input[0].name: x})[0]
     ours = P.run_numpy(qdq, x)[0]
-    assert np.abs(theirs - ours).max() <= _output_step(qdq) * 1.001
+    step = _output_step(qdq)
+    for optimise, u8u8 in ((False, False), (True, True)):
+        assert np.abs(_ort(model, x, optimise, u8u8) - ours).max() <= step * 1.001
+    _check_optimised(model, qdq, x, ours, step, saturation_expected=True)
 
 
 @pytest.mark.parametrize("make, shape", [(_mlp, (16, 64)), (_cnn, (4, 1, 8, 8))])
@@ -102,7 +154,7 @@ def test_exported_qdq_model_imports_back_and_runs_as_onnxruntime_does(make, shap
     assert ops.count("quantize_linear") >= 2 and ops.count("dequantize_linear") >= 4
     assert any(v.dtype == np.int8 for v in back.consts)   # the int8 weights, kept as int8
     step = _output_step(qdq)
-    theirs = _session(model, False).run(None, {model.graph.input[0].name: x})[0]
+    theirs = _ort(model, x, optimise=False)
     for got in (P.run_numpy(back, x)[0], np.asarray(ml.compile(back, x)(x, profile=False))):
         assert got.shape == theirs.shape
         assert np.abs(got - theirs).max() <= step * 1.001

@@ -188,7 +188,9 @@ def qgemm(a, bt, w_sum, xs, xz, ws, wz, ys, yz, bias, activation, out_dtype, out
 
 
 # --- the reference arithmetic (numpy, int64) --------------------------------------------------
-def _requantize_np(acc, xs, ws, ys, yz, activation, out_dtype, axis):
+def requantize_np(acc, xs, ws, ys, yz, activation, out_dtype, axis):
+    """``clip(round(acc · s_x s_w / s_y) + z_y)`` in float64, ``s_w`` along ``axis`` of
+    ``acc``; a ReLU is the lower clip at ``z_y``."""
     mult = np.float64(xs) * np.asarray(ws, np.float64) / np.float64(ys)
     v = np.rint(acc.astype(np.float64) * along(mult, axis, acc.ndim)) + np.int64(yz)
     info = np.iinfo(out_dtype)
@@ -196,11 +198,17 @@ def _requantize_np(acc, xs, ws, ys, yz, activation, out_dtype, axis):
     return np.clip(v, lo, info.max).astype(out_dtype)
 
 
-def _qmm_np(x, xs, xz, w, ws, wz, ys, yz, bias, activation=None):
+def qmm_accumulator(x, xz, w, wz, bias):
+    """The int32 accumulator of ``qlinear_matmul`` (exact, in int64): ``Σ_k (x - x_z)(w - w_z)
+    + q_b``, one row per row of ``x``."""
     xi = x.astype(np.int64) - np.int64(xz)
     wi = w.astype(np.int64) - along(np.asarray(wz, np.int64), 1 if np.ndim(wz) else None, 2)
-    acc = xi @ wi + bias.astype(np.int64)
-    return _requantize_np(acc, xs, ws, ys, yz, activation, yz.dtype, acc.ndim - 1)
+    return xi @ wi + bias.astype(np.int64)
+
+
+def _qmm_np(x, xs, xz, w, ws, wz, ys, yz, bias, activation=None):
+    acc = qmm_accumulator(x, xz, w, wz, bias)
+    return requantize_np(acc, xs, ws, ys, yz, activation, yz.dtype, acc.ndim - 1)
 
 
 def _conv_geometry(x_shape, w_shape, stride, padding, dilation):
@@ -229,9 +237,10 @@ def im2col(x, kernel, stride, padding, dilation, pad_value):
     return cols.reshape(n * oh * ow, c * kh * kw), (oh, ow)
 
 
-def _qconv_np(x, xs, xz, w, ws, wz, ys, yz, bias, stride=(1, 1), padding=(0, 0),
-              dilation=(1, 1), groups=1, activation=None):
-    n = x.shape[0]
+def qconv_accumulator(x, xz, w, wz, bias, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                      groups=1):
+    """The accumulator of ``qlinear_conv`` (exact, int64): one row per output pixel (N·OH·OW
+    of them, NHWC order), one column per output channel; and ``(OH, OW)``."""
     o, cg = w.shape[:2]
     cols, (oh, ow) = im2col(x, w.shape[2:], stride, padding, dilation, int(xz))
     cols = cols.reshape(cols.shape[0], x.shape[1], -1)
@@ -244,8 +253,14 @@ def _qconv_np(x, xs, xz, w, ws, wz, ys, yz, bias, stride=(1, 1), padding=(0, 0),
                                                                             None]
         acc[:, g * og:(g + 1) * og] = a @ wg.T
     acc += bias.astype(np.int64).reshape(1, o)
-    y = _requantize_np(acc, xs, ws, ys, yz, activation, yz.dtype, 1)
-    return np.ascontiguousarray(y.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
+    return acc, (oh, ow)
+
+
+def _qconv_np(x, xs, xz, w, ws, wz, ys, yz, bias, stride=(1, 1), padding=(0, 0),
+              dilation=(1, 1), groups=1, activation=None):
+    acc, (oh, ow) = qconv_accumulator(x, xz, w, wz, bias, stride, padding, dilation, groups)
+    y = requantize_np(acc, xs, ws, ys, yz, activation, yz.dtype, 1)
+    return np.ascontiguousarray(y.reshape(x.shape[0], oh, ow, -1).transpose(0, 3, 1, 2))
 
 
 # --- shape rules ------------------------------------------------------------------------------
