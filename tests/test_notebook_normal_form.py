@@ -124,3 +124,18 @@ def test_committed_notebook_has_no_blank_outputs(path):
     found = blank_outputs(json.loads(path.read_text(encoding="utf-8")))
     assert not found, (f"{path.relative_to(project_root())} holds outputs that show the reader "
                        f"nothing (an empty stream is an empty bar in JupyterLab): {found}")
+
+
+# ---------------------------------------------------------------------- pictures drawn too coarse
+MIN_DPI = 90       # the package draws its pictures at 90 dpi (viz.picture.png_bytes)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_notebook_draws_no_figure_below_the_package_dpi(path):
+    """A figure drawn at ``dpi=60`` (chapter 9's augmentation grid was) is blurry and tiny."""
+    import re
+
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    low = [f"cell {i}: dpi={d}" for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+           for d in re.findall(r"\bdpi\s*=\s*(\d+)", "".join(c["source"])) if int(d) < MIN_DPI]
+    assert not low, f"{path.relative_to(project_root())} draws below {MIN_DPI} dpi: {low}"

@@ -134,6 +134,27 @@ def test_static_pictures_and_the_live_stepper():
     assert caption.value.startswith("reduce-scatter") and "r2→r0: chunk 0" in caption.value
 
 
+@pytest.mark.parametrize("p", [3, 8])
+def test_live_stepper_image_is_shown_at_the_size_it_is_drawn(p):
+    """Issue 26: the image was drawn at 303 x 243 px and stretched to the output's width (949 px,
+    blurry, taller than the screen). It is drawn at SHARPNESS x SCREEN_DPI and shown at its drawn
+    size / SHARPNESS, never wider; with the slider and the caption it fits the notebook area of a
+    1280 x 800 screen (about 530 px high)."""
+    inputs = [np.arange(2.0 * p) + r for r in range(p)]
+    live = cv.collective_stepper(inputs, live=True)
+    image = _image_of(live)
+    for step in (0, 2 * (p - 1)):
+        live.widget.children[0].children[0].value = step
+        width, height = cv.png_size(image.value)
+        assert image.layout.width == f"{width / cv.SHARPNESS:g}px"
+        assert image.layout.max_width == "100%" and image.layout.height == "auto"
+        shown = (width / cv.SHARPNESS, height / cv.SHARPNESS)
+        assert 300 <= shown[0] <= 640 and 220 <= shown[1] + 60 <= 530, shown
+    assert cv.png_size(_png(image.value)) == (width, height)
+    with pytest.raises(ArgumentError, match="png_size"):
+        cv.png_size(b"GIF89a" + bytes(20))
+
+
 # ----------------------------------------------------------------------------- pipeline view
 @pytest.mark.parametrize("p,m", [(4, 8), (3, 2), (1, 4)])
 def test_pipeline_static_shows_the_schedules_and_the_standard_bubble(p, m):
@@ -245,6 +266,25 @@ def test_cluster_timeline_draws_each_lane_and_honours_the_window():
     assert "µs" in early.get_xlabel()
     with pytest.raises(ArgumentError, match="not a sim.TraceEvent"):
         ct.rank_summary([("compute", 0, 1)])
+
+
+def test_cluster_timeline_of_32_ranks_is_compact_and_labels_every_rank():
+    """Issue 26: 32 ranks made a picture ~1,000 px tall at 90 dpi that labelled only the even
+    ranks. Every rank is labelled now, the labels do not overlap, and the picture is at most
+    6.5 in (585 px) high."""
+    def prog(comm):
+        yield comm.compute(seconds=1e-6)
+
+    res = sim.run(sim.Cluster(sim.ring(32)), prog, args=[()] * 32)
+    fig = ct.plot_cluster_timeline(res)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"rank {r}" for r in range(32)]
+    assert fig.get_size_inches()[1] <= 6.5
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.get_yticklabels()]
+    assert all(a.y0 >= b.y1 for a, b in zip(boxes, boxes[1:])), "rank labels overlap"
+    small = ct.plot_cluster_timeline(_traced_run(4))           # a few ranks keep roomy rows
+    assert small.get_size_inches()[1] == pytest.approx(0.9 + 0.32 * 4)
 
 
 def test_trace_model_holds_every_event_once_with_its_times():

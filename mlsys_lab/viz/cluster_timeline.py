@@ -21,6 +21,7 @@ __all__ = ["KINDS", "plot_cluster_timeline", "rank_summary", "static", "timeline
 KINDS = ("compute", "send", "recv")
 _COLOURS = {"compute": "tab:blue", "send": "tab:orange", "recv": "tab:green"}
 _OFFSET = {"compute": -0.27, "send": 0.0, "recv": 0.27}
+_ROWS = 48      # the static picture grows up to this many ranks and labels each of them
 
 
 def _events(trace):
@@ -75,8 +76,9 @@ def plot_cluster_timeline(trace, ax=None, ranks=None, window=None, title=None, k
         t1 = t0 + 1e-9
     scale, unit = _unit(t1 - t0)
     shown = hi - lo + 1
+    many = shown > 16               # thinner rows and a smaller font: a 32-rank run stays compact
     fig, ax = (ax.figure, ax) if ax is not None else \
-        plt.subplots(figsize=(9, 0.9 + 0.32 * min(shown, 40)))
+        plt.subplots(figsize=(9, 0.9 + (0.17 if many else 0.32) * min(shown, _ROWS)))
     for kind in kinds:
         bars = {}
         for e in events:
@@ -88,9 +90,9 @@ def plot_cluster_timeline(trace, ax=None, ranks=None, window=None, title=None, k
                            edgecolor="black", linewidth=0.2)
     ax.set_xlim(0, (t1 - t0) / scale)
     ax.set_ylim(hi + 0.6, lo - 0.6)
-    step = max(1, shown // 16)
+    step = -(-shown // _ROWS)       # every rank labelled up to _ROWS ranks
     ax.set_yticks(range(lo, hi + 1, step), [f"rank {r}" for r in range(lo, hi + 1, step)],
-                  fontsize=7)
+                  fontsize=6 if many else 7)
     ax.set_xlabel(f"simulated time ({unit})" + (f" from {t0 / scale:g} {unit}" if t0 else ""))
     handles = [Patch(color=_COLOURS[kind], label=kind) for kind in kinds]
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7,

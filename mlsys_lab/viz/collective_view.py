@@ -24,22 +24,40 @@ from ..distributed.collectives import OPS, block_bounds
 from ..errors import ArgumentError, ShapeError
 from .picture import WidgetWithStatic, in_notebook, png_bytes
 
-__all__ = ["Chunk", "RingStep", "WidgetWithStatic", "collective_stepper", "describe_step",
-           "in_notebook", "plot_ring_step", "png_bytes", "ring_allreduce_steps", "static"]
+__all__ = ["SCREEN_DPI", "SHARPNESS", "Chunk", "RingStep", "WidgetWithStatic",
+           "collective_stepper", "describe_step", "image_widget", "in_notebook", "plot_ring_step",
+           "png_bytes", "png_size", "ring_allreduce_steps", "static"]
 
 
 # --------------------------------------------------------------------------- shared widget plumbing
-def image_widget(controls, render, caption=None):
+SCREEN_DPI = 90     # CSS pixels per inch of figure: a figure is shown at figsize x SCREEN_DPI
+SHARPNESS = 2       # live images are drawn with this many device pixels per CSS pixel
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """``(width, height)`` in pixels of a PNG image (read from its header)."""
+    if bytes(png[:8]) != b"\x89PNG\r\n\x1a\n" or bytes(png[12:16]) != b"IHDR":
+        raise ArgumentError("png_size: not the bytes of a PNG image")
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def image_widget(controls, render, caption=None, sharpness=SHARPNESS):
     """``VBox(controls, [caption], Image)``: ``render(**values) -> PNG bytes`` redraws the image
-    whenever a control changes. ``controls`` maps keyword names to ipywidgets controls."""
+    whenever a control changes. ``controls`` maps keyword names to ipywidgets controls.
+
+    ``render`` draws at ``sharpness`` times :data:`SCREEN_DPI`, and the image is shown at its
+    drawn size divided by ``sharpness`` (sharp on a high-density screen, never stretched to the
+    output's width; narrower outputs scale it down)."""
     import ipywidgets
 
-    image = ipywidgets.Image(format="png")
+    image = ipywidgets.Image(format="png", layout=ipywidgets.Layout(max_width="100%",
+                                                                   height="auto"))
     label = ipywidgets.Label() if caption else None
 
     def update(_change=None):
         values = {name: control.value for name, control in controls.items()}
         image.value = render(**values)
+        image.layout.width = f"{png_size(image.value)[0] / sharpness:g}px"
         if label is not None:
             label.value = caption(**values)
 
@@ -180,8 +198,11 @@ def describe_step(step):
 def plot_ring_step(step, ax=None, title=None):
     """Draw one :class:`RingStep`: a rank x chunk grid, shaded by how many ranks each chunk
     already combines (green: all of them); a thick orange frame marks what arrived this step."""
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(3.6, 2.8))
     p = step.p
+    # on its own: chunks of up to 0.75 x 0.6 in, the whole at most 7 x 5 in (with a slider and
+    # a caption it fits a laptop's notebook area at SCREEN_DPI)
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(
+        figsize=(2.2 + min(0.75 * p, 4.8), 1.4 + min(0.6 * p, 3.6)))
     arrived = {(dst, c) for _, dst, c in step.moves}
     shades = plt.get_cmap("Blues")
     for r, row in enumerate(step.chunks):
@@ -193,18 +214,18 @@ def plot_ring_step(step, ax=None, title=None):
                                    edgecolor="tab:orange" if fresh else "white",
                                    linewidth=3 if fresh else 1))
             ax.text(c + 0.5, r + 0.42, _value_text(chunk.value), ha="center", va="center",
-                    fontsize=10 if p <= 4 else 7)
+                    fontsize=11 if p <= 4 else 8)
             if p <= 6:
                 ax.text(c + 0.5, r + 0.75, "+".join(f"r{s}" for s in sorted(chunk.sources)),
-                        ha="center", va="center", fontsize=6, color="#333333")
+                        ha="center", va="center", fontsize=7, color="#333333")
     ax.set_xlim(0, p)
     ax.set_ylim(p, 0)
-    ax.set_xticks([c + 0.5 for c in range(p)], [f"chunk {c}" for c in range(p)], fontsize=7)
-    ax.set_yticks([r + 0.5 for r in range(p)], [f"rank {r}" for r in range(p)], fontsize=7)
+    ax.set_xticks([c + 0.5 for c in range(p)], [f"chunk {c}" for c in range(p)], fontsize=8)
+    ax.set_yticks([r + 0.5 for r in range(p)], [f"rank {r}" for r in range(p)], fontsize=8)
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.set_title(title or f"step {step.index} · {step.phase}", fontsize=9)
+    ax.set_title(title or f"step {step.index} · {step.phase}", fontsize=10)
     return fig
 
 
@@ -240,7 +261,7 @@ def collective_stepper(inputs, op="sum", live=None):
 
     def render(step):
         if step not in cache:
-            cache[step] = png_bytes(plot_ring_step(steps[step]))
+            cache[step] = png_bytes(plot_ring_step(steps[step]), dpi=SCREEN_DPI * SHARPNESS)
         return cache[step]
 
     def caption(step):

@@ -29,6 +29,13 @@ function render({ model, el: root }) {
 
   root.classList.add("mlsys-explorer");
   root.innerHTML = "";
+  // Key presses in the slider and the planner picker are theirs (arrow keys move the step): stop
+  // them before they bubble up to JupyterLab's notebook shortcuts, as ipywidgets' controls do.
+  for (const type of ["keydown", "keypress", "keyup"]) {
+    root.addEventListener(type, (ev) => {
+      if (ev.target.closest && ev.target.closest("input, select, textarea")) ev.stopPropagation();
+    });
+  }
   const bar = el("div", { class: "mx-bar" }, root, null);
   el("span", { class: "mx-title" }, bar, null).textContent = data.title;
   const slider = el("input", { type: "range", min: 0, max: Math.max(ops.length - 1, 0),

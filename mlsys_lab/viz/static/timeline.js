@@ -8,7 +8,9 @@
 // state).
 // Hover a bar: its op/message. Click a bar: select it (and put the time cursor on it). Click the
 // background: move the time cursor; the bars running then are outlined. Wheel: zoom in time;
-// drag: pan; double-click: the whole run.
+// drag: pan; double-click: the whole run. The controls take the keyboard (arrow keys move a
+// slider): their key events stop at the view, so JupyterLab's notebook shortcuts (arrows move to
+// another cell) never see them, and the focused control keeps the focus when the view is rebuilt.
 
 const SVG = "http://www.w3.org/2000/svg";
 
@@ -46,17 +48,32 @@ function unpack(data) {
   return Object.assign({}, data, { bars });
 }
 
+// Key presses in the view's controls are theirs: stop them before they bubble up to the page's
+// shortcut handler (JupyterLab's, in the bubbling phase), as ipywidgets' own controls do.
+function keepKeys(root) {
+  for (const type of ["keydown", "keypress", "keyup"]) {
+    root.addEventListener(type, (ev) => {
+      if (ev.target.closest && ev.target.closest("input, select, textarea")) ev.stopPropagation();
+    });
+  }
+}
+
 function render({ model, el: root }) {
   root.classList.add("mlsys-timeline");
+  keepKeys(root);
   let hovered = "";
 
   function draw() {
     const data = unpack(model.get("model"));
     const offline = !!model.get("offline");
+    // the control that has the focus gets it back once the view is rebuilt from its new value
+    const active = document.activeElement;
+    const focused = active && root.contains(active) && active.name ? active.name : null;
     root.innerHTML = "";
     const bar = el("div", { class: "tl-bar" }, root, null);
     el("span", { class: "tl-title" }, bar, null).textContent = data.title;
     const params = Object.assign({}, model.get("params") || {});
+    let refocus = null;
     for (const c of data.controls || []) {
       const label = el("label", { class: "tl-control" }, bar, null);
       label.append(c.label + " ");
@@ -72,12 +89,14 @@ function render({ model, el: root }) {
         label.title = "changing this needs a running kernel";
       }
       input.addEventListener("input", () => { if (shown) shown.textContent = input.value; });
+      if (c.name === focused) refocus = input;
       input.addEventListener("change", () => {
         params[c.name] = c.type === "bool" ? input.checked : parseInt(input.value, 10);
         model.set("params", Object.assign({}, params));
         model.save_changes();
       });
     }
+    if (refocus) refocus.focus({ preventScroll: true });
     if (data.caption) el("div", { class: "tl-caption" }, root, null).textContent = data.caption;
     if ((data.styles || []).length && data.styles.length <= 10) {
       const legend = el("div", { class: "tl-legend" }, root, null);
@@ -90,7 +109,10 @@ function render({ model, el: root }) {
 
     // ------------------------------------------------------------------ layout
     const subs = Math.max((data.subs || []).length, 1);
-    const laneH = subs > 1 ? 7 * subs + 6 : 22, headH = 18, L = 120, R = 12, W = 900, axisH = 30;
+    // many rows of sub-lanes get thinner sub-lanes: a 32-rank trace fits the view without scrolling
+    const rows = data.lanes.length;
+    const pitch = subs > 1 && rows > 12 ? (rows > 24 ? 4 : 5) : 7, pad = pitch === 7 ? 3 : 2;
+    const laneH = subs > 1 ? pitch * subs + 2 * pad : 22, headH = 18, L = 120, R = 12, W = 900, axisH = 30;
     const groups = data.groups || [];
     const headOf = new Map(groups.map((g) => [g.first, g]));
     // a lane as the readout names it: with its group's short name (up to a colon) when the
@@ -134,8 +156,8 @@ function render({ model, el: root }) {
       const [lane, sub, start, end, style, label, given, key] = b;
       const info = given || `${label} on ${laneName[lane]}, ${fmt((start - data.t0) / data.scale)}-` +
         `${fmt((end - data.t0) / data.scale)} ${data.unit}`;
-      const top = laneY[lane] + (subs > 1 ? 3 + sub * 7 : 3);
-      const h = subs > 1 ? 6 : laneH - 6;
+      const top = laneY[lane] + (subs > 1 ? pad + sub * pitch : 3);
+      const h = subs > 1 ? pitch - 1 : laneH - 6;
       const s = styles[style] || { color: "#999" };
       const rect = el("rect", { y: top, height: h, fill: s.color, class: "tl-item",
         "data-key": key }, plot);
