@@ -312,3 +312,114 @@ def test_binomial_tree_is_the_lowest_set_bit_tree(p):
     assert (pa, ch, root) == (parent, children, 0)
     assert len(children[0]) == (p - 1).bit_length()  # the root sends ceil(log2 p) times
     assert max(depth) == max(bin(v).count("1") for v in range(p))
+
+
+# --- the alpha-beta-gamma model: reductions cost gamma seconds per byte ---------------------
+RING_KINDS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+REDUCING = ("allreduce", "reduce_scatter", "reduce")
+
+
+def gamma_case(rng):
+    """A random case where the formula is exact (cost's docstring): ring algorithms on a ring,
+    the rest fully connected; p a power of two where the algorithm or the binomial tree
+    without the one-port model needs it; sizes that split evenly; no one-port trees."""
+    while True:
+        kind = str(rng.choice(list(coll.ALGORITHMS)))
+        algo = str(rng.choice(coll.ALGORITHMS[kind]))
+        one_port = bool(rng.integers(2))
+        p = int(rng.choice([2, 3, 4, 5, 6, 7, 8, 12, 16]))
+        pow2 = p & (p - 1) == 0
+        if one_port and algo in ("tree", "double_tree"):
+            continue
+        if not pow2 and (algo in ("recursive_halving", "recursive_doubling") and
+                         kind != "allreduce" or
+                         algo == "binomial" and (not one_port or kind == "reduce")):
+            continue
+        segments = int(rng.integers(1, 5)) if algo in ("tree", "double_tree") or (
+            kind == "broadcast" and algo == "ring") else 1
+        n = 8 * p * 16 * segments * int(rng.integers(1, 40))  # bytes; float64 elements
+        alpha, beta = float(rng.uniform(0, 2e-5)), float(rng.uniform(0, 2e-9))
+        gamma = float(rng.uniform(0, 4e-9))
+        return kind, algo, one_port, p, segments, n, alpha, beta, gamma
+
+
+def simulate_case(kind, algo, one_port, p, segments, n, alpha, beta, gamma):
+    per_rank = n // 8 // p if kind in ("allgather", "gather") else n // 8
+    xs = [np.full(per_rank, r + 1.0) for r in range(p)]
+    if kind == "scatter" or (kind == "broadcast" and algo != "scatter_allgather"):
+        xs = [x if r == 0 else None for r, x in enumerate(xs)]
+    if kind == "scatter":
+        xs[0] = np.ones(n // 8)
+    make = sim.ring if algo == "ring" and kind in RING_KINDS else sim.fully_connected
+    topo = make(p, alpha, beta, gamma=gamma)
+    return sim.run(sim.Cluster(topo, one_port=one_port), call,
+                   args=[(x, kind, algo) for x in xs],
+                   kwargs={"segments": segments} if kind in ("allreduce", "broadcast") else {})
+
+
+def test_simulated_time_equals_the_alpha_beta_gamma_formula():
+    """Over many random cases and both port models: a reduction costs gamma per byte on the
+    rank that combines, and the formulas' gamma terms say exactly how much shows."""
+    rng = np.random.default_rng(2005)
+    seen = set()
+    for _ in range(160):
+        case = gamma_case(rng)
+        kind, algo, one_port, p, segments, n, alpha, beta, gamma = case
+        res = simulate_case(*case)
+        want = cost.collective_time(kind, algo, p, n, alpha, beta, segments=segments,
+                                    one_port=one_port, gamma=gamma)
+        assert res.time == pytest.approx(want, rel=1e-9, abs=1e-15), case
+        computes = [e for e in res.trace if e.kind == "compute"]
+        assert bool(computes) == (kind in REDUCING and gamma > 0), case  # only reductions pay
+        seen.add((kind, algo, one_port))
+    assert len(seen) > 25  # the random cases reached most algorithms in both port models
+
+
+@pytest.mark.parametrize("one_port", [False, True])
+def test_gamma_terms_are_thakurs(one_port):
+    """The classic alpha-beta-gamma costs (Thakur, Rabenseifner, Gropp 2005), written out."""
+    a, b, g, p, n = 3e-6, 1e-9, 5e-10, 8, 8 * 8 * 1024
+    lg = 3
+    want = {
+        ("allreduce", "ring"): 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g,
+        ("allreduce", "recursive_doubling"): lg * (a + n * b + n * g),
+        ("allreduce", "rabenseifner"): 2 * lg * a + 2 * (p - 1) / p * n * b
+        + (p - 1) / p * n * g,
+        ("reduce_scatter", "ring"): (p - 1) * a + (p - 1) / p * n * (b + g),
+        ("reduce_scatter", "recursive_halving"): lg * a + (p - 1) / p * n * (b + g),
+        ("reduce", "binomial"): lg * (a + n * b + n * g),
+    }
+    for (kind, algo), t in want.items():
+        assert cost.collective_time(kind, algo, p, n, a, b, one_port=one_port, gamma=g) == \
+            pytest.approx(t, rel=1e-12)
+        case = (kind, algo, one_port, p, 1, n, a, b, g)
+        assert simulate_case(*case).time == pytest.approx(t, rel=1e-9)
+    # gamma=0 is the alpha-beta cost, and data-movement collectives never pay gamma
+    for kind, algos in coll.ALGORITHMS.items():
+        for algo in algos:
+            if one_port and algo in ("tree", "double_tree"):
+                continue
+            base = cost.collective_time(kind, algo, p, n, a, b, one_port=one_port)
+            assert cost.collective_time(kind, algo, p, n, a, b, one_port=one_port,
+                                        gamma=0.0) == base
+            more = cost.collective_time(kind, algo, p, n, a, b, one_port=one_port, gamma=g)
+            assert (more > base) == (kind in REDUCING), (kind, algo)
+
+
+def test_gamma_is_compute_on_the_rank_that_reduces():
+    p, n = 4, 8 * 1000
+    g = 1e-9
+    res = simulate_case("reduce", "binomial", False, p, 1, n, 0.0, 0.0, g)
+    spans = sorted((e.rank, e.end - e.start) for e in res.trace if e.kind == "compute")
+    # rank 0 combines children 1 and 2, rank 2 combines child 3; leaves never reduce
+    assert [r for r, _ in spans] == [0, 0, 2]
+    assert all(t == pytest.approx(n * g) for _, t in spans)
+    assert res.time == pytest.approx(2 * n * g)
+    topo = sim.fully_connected(p, 0.0, 0.0)
+    topo.set_device(2, gamma=g)  # one slow reducer: only its own combine costs
+    slow = sim.run(sim.Cluster(topo), call, args=[(np.ones(n // 8), "reduce", "binomial")] * p)
+    assert slow.time == pytest.approx(n * g) and topo.devices[0].gamma == 0.0
+    with pytest.raises(ArgumentError, match="gamma"):
+        sim.ring(4, gamma=-1.0)
+    with pytest.raises(ArgumentError, match="gamma"):
+        cost.collective_time("allreduce", "ring", 4, 100, A, B, gamma=-1.0)

@@ -462,3 +462,30 @@ def test_a_collective_called_with_yield_says_to_use_yield_from():
         sim.run(sim.Cluster(sim.ring(2)), slip)
     with pytest.raises(ArgumentError, match="yield the requests"):
         sim.run(sim.Cluster(sim.ring(2)), lambda comm: (yield 3))
+
+
+@pytest.mark.parametrize("cluster_kw", [{}, {"one_port": True}, {"sharing": "fair"}])
+def test_batched_path_charges_gamma_like_the_event_path(cluster_kw):
+    """The ring all-reduce reduces after each reduce-scatter step (gamma seconds per byte, as
+    compute on the reducing rank); the batched path times it by the same arithmetic."""
+    p, n, gamma = 64, 1001, 1 / 20e9
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(n).astype("float32") for _ in range(p)]
+    topo = sim.ring(p, A, B, gamma=gamma)
+    topo.slow_link(10, 11, 10.0)
+    topo.set_device(7, gamma=8 * gamma)  # a slow reducer holds the ring back
+
+    def prog(comm, x):
+        yield comm.compute(seconds=1e-6 * comm.rank)
+        return (yield from allreduce(comm, x, algo="ring"))
+
+    event, batched = [sim.run(sim.Cluster(topo, **cluster_kw), prog, args=[(x,) for x in xs],
+                              batched=b) for b in (False, True)]
+    assert batched.rank_time == event.rank_time  # bit for bit
+    assert sorted(batched.trace) == sorted(event.trace)
+    reductions = [e for e in event.trace if e.kind == "compute" and 0 < e.end - e.start < 1e-6]
+    assert len(reductions) == p * (p - 1)  # p - 1 reductions per rank
+    for a, b in zip(event.results, batched.results):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    free = sim.run(sim.Cluster(sim.ring(p, A, B), **cluster_kw), prog, args=[(x,) for x in xs])
+    assert batched.time > free.time

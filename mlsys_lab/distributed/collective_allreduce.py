@@ -9,6 +9,7 @@ from .collective_common import (
     OPS,
     _algo,
     _array,
+    _charge,
     _check_trailing,
     _combine,
     _concat,
@@ -66,6 +67,7 @@ def _ring_reduce_scatter(comm, flat, fn, where):
         send_idx, recv_idx = (r - s - 1) % p, (r - s - 2) % p
         got = yield _sendrecv(comm, blocks[send_idx], right, left)
         blocks[recv_idx] = _combine(fn, got, blocks[recv_idx], where, comm, left)
+        yield from _charge(comm, blocks[recv_idx].nbytes)
     return blocks
 
 
@@ -97,6 +99,7 @@ def _ring_allreduce(comm, x, fn, where):
         got = yield _sendrecv(comm, held[send_idx], right, left, out=out[a:b])
         fn(got, held[recv_idx], out=got)
         held[recv_idx] = got
+        yield from _charge(comm, got.nbytes)
     for s in range(p - 1):
         a, b = bounds[(r - s - 1) % p]
         yield _sendrecv(comm, held[(r - s) % p], right, left, out=out[a:b])
@@ -148,6 +151,7 @@ def _folded(comm, flat, fn, body, where):
             return (yield _recv(comm, r + 1))
         got = yield _recv(comm, r - 1)
         flat = _combine(fn, got, flat, where, comm, r - 1)
+        yield from _charge(comm, flat.nbytes)
         virtual = r // 2
     else:
         virtual = r - extra
@@ -167,6 +171,7 @@ def _recursive_doubling_body(comm, flat, fn, virtual, q, real, where):
         peer = real(virtual ^ mask)
         got = yield _sendrecv(comm, flat, peer, peer)
         flat = _combine(fn, got, flat, where, comm, peer)
+        yield from _charge(comm, flat.nbytes)
         mask <<= 1
     return flat
 
@@ -187,6 +192,7 @@ def _halving(comm, flat, fn, virtual, q, real, where):
         peer = real(peer_v)
         got = yield _sendrecv(comm, send, peer, peer)
         part = _combine(fn, got, mine, where, comm, peer)
+        yield from _charge(comm, part.nbytes)
         lo, hi = keep
         mask >>= 1
     return part, lo, hi

@@ -111,6 +111,16 @@ def _combine(fn, got, mine, where, comm, src):
     return fn(got, mine)
 
 
+def _charge(comm, nbytes):
+    """The reduction's cost: ``compute(seconds=gamma * nbytes)`` on this rank, where ``gamma``
+    is its device's seconds per byte reduced (``topology.Device.gamma``). Used with
+    ``yield from`` right after a combine; yields nothing when ``gamma`` is 0 or there is no
+    simulated device (MPI, where the real ufunc takes real time), so such runs are unchanged."""
+    gamma = getattr(comm.device, "gamma", 0.0)
+    if gamma and nbytes:
+        yield comm.compute(seconds=gamma * nbytes)
+
+
 def _power_of_two(p):
     return p & (p - 1) == 0
 

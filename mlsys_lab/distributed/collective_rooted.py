@@ -9,6 +9,7 @@ from .collective_allreduce import _ring_allgather_blocks, _ring_reduce_scatter
 from .collective_common import (
     _algo,
     _array,
+    _charge,
     _check_trailing,
     _combine,
     _concat,
@@ -161,6 +162,7 @@ def reduce(comm, x, root=0, op="sum", algo="binomial"):
             src = (child + root) % p
             got = yield _recv(comm, src)
             acc = _combine(fn, got, acc, where, comm, src)
+            yield from _charge(comm, acc.nbytes)
         if parent[v] is not None:
             yield _send(comm, acc, (parent[v] + root) % p)
             return None

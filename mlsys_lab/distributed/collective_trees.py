@@ -3,7 +3,7 @@ tree of the rooted collectives, and the pipelined tree all-reduce."""
 
 from __future__ import annotations
 
-from .collective_common import TAG, TAG_B, _combine, _concat, _exchange, block_bounds
+from .collective_common import TAG, TAG_B, _charge, _combine, _concat, _exchange, block_bounds
 
 
 def _btree(p):
@@ -120,6 +120,7 @@ def _tree_allreduce(comm, flat, fn, trees, segments, where):
         got = yield _exchange(comm, sends, srcs)
         for (src, _), (t, j), value in zip(srcs, slots, got):
             pieces[t][j] = _combine(fn, value, pieces[t][j], where, comm, src)
+        yield from _charge(comm, sum(pieces[t][j].nbytes for t, j in slots))
     down_steps = k - 1 + max(max(d) for _, _, _, d in levels)
     for g in range(down_steps):
         sends, srcs, slots = [], [], []

@@ -6,7 +6,10 @@ with ``yield from``::
     total = yield from allreduce(comm, grad, op="sum", algo="ring")
 
 so the same code runs in the simulator and under MPI. Chunks move as real arrays; reductions
-apply numpy ufuncs (``op``: ``sum``, ``prod``, ``max``, ``min``) in the algorithm's own order.
+apply numpy ufuncs (``op``: ``sum``, ``prod``, ``max``, ``min``) in the algorithm's own order,
+and after each combine the rank is charged ``gamma`` seconds per byte combined as compute
+(its simulated device's ``gamma``, default 0; nothing under MPI, where the ufunc itself
+takes the time).
 
 Data layout: all-reduce, reduce and broadcast keep the input's shape. Reduce-scatter splits the
 *flattened* input into ``p`` blocks (``block_bounds``: the first ``n % p`` blocks one element

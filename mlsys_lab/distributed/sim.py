@@ -16,6 +16,11 @@ numpy arrays, so one run gives both the values and the simulated time::
 The model
 ---------
 * Time advances per rank. ``compute(flops=f)`` costs ``f / device.flops`` seconds.
+* Reductions cost ``device.gamma`` seconds per byte (the gamma of the alpha-beta-gamma model;
+  ``ring(p, gamma=...)``, ``topology.set_device(r, gamma=...)``): wherever a collective
+  combines two arrays (a ring reduce-scatter step, a tree or binomial reduce, recursive
+  doubling, Rabenseifner) the rank that combines computes ``gamma * bytes`` seconds. The
+  default 0 makes reductions free; :func:`.cost.collective_time` has the matching terms.
 * A message of ``n`` bytes from ``a`` to ``b`` follows ``topology.route(a, b)`` and streams at
   the route's bottleneck rate ``1 / max(beta)``: it takes ``n * max(beta)`` seconds and arrives
   ``sum(alpha)`` after its last byte left (cut-through; see :mod:`.topology`).

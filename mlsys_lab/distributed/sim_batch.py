@@ -3,8 +3,9 @@
 When every rank has entered the same ring collective, no other message was issued meanwhile,
 the ring's routes share no link and nothing still holds one, the collective runs in one go:
 the data by the algorithm's own order of operations (:func:`.collectives.ring_plan`), the times
-by the engine's per-message arithmetic vectorised over ranks. Otherwise each rank runs the
-collective's generator message by message from its entry time.
+by the engine's per-message arithmetic vectorised over ranks (including the reduction's
+``gamma`` compute after each reduce-scatter step, as the generator charges it). Otherwise each
+rank runs the collective's generator message by message from its entry time.
 """
 
 from __future__ import annotations
@@ -71,18 +72,23 @@ class BatchedRing:
         if not self.ring_links_idle(start.min()):
             self.unbatch()
             return
-        if self.failures and self.time_ring_steps(start, step_bytes, probe=True) is None:
+        reducing = self.size - 1 if first.name == "allreduce/ring" else 0
+        if self.failures and self.time_ring_steps(start, step_bytes, probe=True,
+                                                  reducing=reducing) is None:
             self.unbatch()
             return
-        ends = self.time_ring_steps(start, step_bytes, probe=False)
+        ends = self.time_ring_steps(start, step_bytes, probe=False, reducing=reducing)
         self.batch = {}
         for rank in range(self.size):
             self.schedule(rank, float(ends[rank]), results[rank])
 
-    def time_ring_steps(self, t, step_bytes, probe):
+    def time_ring_steps(self, t, step_bytes, probe, reducing=0):
         """Times of ``len(step_bytes)`` ring-shift steps (rank r sends ``step_bytes[s, r]``
-        bytes to r + 1 and receives from r - 1), by the same arithmetic as ``transfer``."""
+        bytes to r + 1 and receives from r - 1), by the same arithmetic as ``transfer``. After
+        each of the first ``reducing`` steps a rank reduces what it received: a compute of
+        ``gamma`` seconds per byte (``collective_common._charge``)."""
         p = self.size
+        gamma = np.array([self.topology.devices[r].gamma for r in range(p)])
         routes = [self.route(r, (r + 1) % p) for r in range(p)]
         alpha = np.array([a for _, a, _ in routes])
         beta = np.array([b for _, _, b in routes])
@@ -91,7 +97,7 @@ class BatchedRing:
                  for route, _, _ in routes] if self.record and not probe else None
         ranks = np.arange(p)
         busy = np.zeros(p)
-        for nbytes in step_bytes:
+        for step, nbytes in enumerate(step_bytes):
             start = np.maximum(t, free)
             duration = nbytes * beta
             end = start + duration
@@ -105,6 +111,8 @@ class BatchedRing:
                 busy += nbytes
                 self.account_step(ranks, t, start, arrival, nbytes, names)
             t = done
+            if step < reducing and gamma.any():
+                t = self.charge_reduction(t, gamma, np.roll(nbytes, 1), probe)
         if not probe:
             if self.fair:
                 for r, (route, _, _) in enumerate(routes):
@@ -117,6 +125,17 @@ class BatchedRing:
                                                  float(arrival[r]), float(arrival[r]), r,
                                                  (r + 1) % p)
         return t
+
+    def charge_reduction(self, t, gamma, nbytes, probe):
+        """Each rank reduces the ``nbytes`` it received: compute from ``t`` for ``gamma *
+        nbytes`` seconds where that is charged (gamma > 0 and bytes > 0, as ``_charge``)."""
+        charged = (gamma > 0) & (nbytes > 0)
+        end = np.where(charged, t + gamma * nbytes, t)  # IEEE: as now + seconds in dispatch
+        if self.record and not probe:
+            for r in np.flatnonzero(charged):
+                self.trace.append(TraceEvent(int(r), "compute", float(t[r]), float(end[r]), 0,
+                                             None, None, None))
+        return end
 
     def account_step(self, ranks, posted, start, arrival, nbytes, names):
         p = self.size

@@ -9,6 +9,11 @@ directions a message crosses. Alone on its route, a message of ``n`` bytes on ro
 
 (cut-through: the bytes stream at the bottleneck's rate and the latencies of the hops add up);
 how messages share links is the simulator's business (:mod:`.sim`).
+
+A device also has ``gamma``: seconds per byte to reduce (combine two arrays elementwise, the
+third term of the alpha-beta-gamma cost model of Thakur, Rabenseifner and Gropp 2005). The
+collectives charge it as compute time on the rank that combines; 0 (the default) makes
+reductions free, as they were before the term existed.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from ..errors import ArgumentError
 
 @dataclass(frozen=True)
 class Device:
-    """A compute device: ``flops`` (FLOP/s) and ``memory`` (bytes)."""
+    """A compute device: ``flops`` (FLOP/s), ``memory`` (bytes) and ``gamma`` (seconds per
+    byte a collective's reduction combines on it; 0: reductions are free)."""
 
     name: str
     flops: float
     memory: float
+    gamma: float = 0.0
 
 
 def _positive(value, what, where, allow_zero=False):
@@ -45,15 +52,18 @@ class Topology:
         flops: FLOP/s of every device.
         memory: bytes of memory of every device.
         name: a label for printouts.
+        gamma: seconds per byte every device takes to reduce (module docstring).
     """
 
-    def __init__(self, p, flops=1e14, memory=80e9, name="custom"):
+    def __init__(self, p, flops=1e14, memory=80e9, name="custom", gamma=0.0):
         if isinstance(p, bool) or not isinstance(p, int) or p < 1:
             raise ArgumentError(f"{name}: p={p!r} must be an int >= 1")
         _positive(flops, "flops", name)
         _positive(memory, "memory", name)
+        gamma = _positive(gamma, "gamma", name, allow_zero=True)
         self.name = name
-        self.devices = [Device(f"dev{r}", float(flops), float(memory)) for r in range(p)]
+        self.devices = [Device(f"dev{r}", float(flops), float(memory), gamma)
+                        for r in range(p)]
         self.node_names = [f"dev{r}" for r in range(p)]
         self.link_ids: dict[tuple[int, int], int] = {}
         self.link_ends: list[tuple[int, int]] = []
@@ -123,12 +133,14 @@ class Topology:
             i = self.link(a, b)
             self.beta[i] *= factor
 
-    def set_device(self, rank, flops=None, memory=None):
-        """Change one device (a straggler: ``flops`` lower than the rest)."""
+    def set_device(self, rank, flops=None, memory=None, gamma=None):
+        """Change one device (a straggler: ``flops`` lower than the rest, or a slower
+        reduction: ``gamma`` higher)."""
         old = self.devices[rank]
         self.devices[rank] = Device(
             old.name, old.flops if flops is None else _positive(flops, "flops", "set_device"),
-            old.memory if memory is None else _positive(memory, "memory", "set_device"))
+            old.memory if memory is None else _positive(memory, "memory", "set_device"),
+            old.gamma if gamma is None else _positive(gamma, "gamma", "set_device", True))
 
     # -- routing ----------------------------------------------------------------------------
     def route(self, src, dst):
@@ -227,30 +239,34 @@ class _Tree(Topology):
         return found
 
 
-def ring(p, alpha=5e-6, beta=1 / 25e9, flops=1e14, memory=80e9):
-    """``p`` devices in a ring, neighbours joined by one full-duplex link each."""
-    topo = _Ring(p, flops=flops, memory=memory, name="ring")
+def ring(p, alpha=5e-6, beta=1 / 25e9, flops=1e14, memory=80e9, gamma=0.0):
+    """``p`` devices in a ring, neighbours joined by one full-duplex link each (``gamma``:
+    the devices' seconds per byte reduced, module docstring)."""
+    topo = _Ring(p, flops=flops, memory=memory, name="ring", gamma=gamma)
     for r in range(p if p > 2 else p - 1):
         topo.add_link(r, (r + 1) % p, alpha, beta)
     return topo
 
 
-def fully_connected(p, alpha=5e-6, beta=1 / 25e9, flops=1e14, memory=80e9):
-    """``p`` devices, every pair joined by its own full-duplex link."""
-    return _FullyConnected(p, alpha, beta, flops=flops, memory=memory)
+def fully_connected(p, alpha=5e-6, beta=1 / 25e9, flops=1e14, memory=80e9, gamma=0.0):
+    """``p`` devices, every pair joined by its own full-duplex link (``gamma``: the devices'
+    seconds per byte reduced, module docstring)."""
+    return _FullyConnected(p, alpha, beta, flops=flops, memory=memory, gamma=gamma)
 
 
-def tree(p, fanout=2, alpha=5e-6, beta=1 / 25e9, fat=1.0, flops=1e14, memory=80e9):
+def tree(p, fanout=2, alpha=5e-6, beta=1 / 25e9, fat=1.0, flops=1e14, memory=80e9,
+         gamma=0.0):
     """Devices under a tree of switches, ``fanout`` children per switch.
 
     A link ``k`` levels above the devices has bandwidth ``fat ** k`` times the devices' own
     (``fat=1``: every link alike, so the upper links are where messages contend;
     ``fat=fanout``: a full-bisection fat tree). A route's alpha sums ``alpha`` per hop.
+    ``gamma``: the devices' seconds per byte reduced (module docstring).
     """
     if isinstance(fanout, bool) or not isinstance(fanout, int) or fanout < 2:
         raise ArgumentError(f"tree: fanout={fanout!r} must be an int >= 2")
     _positive(fat, "fat", "tree")
-    topo = _Tree(p, flops=flops, memory=memory, name="tree")
+    topo = _Tree(p, flops=flops, memory=memory, name="tree", gamma=gamma)
     topo._parent, topo._depth = {}, {r: 0 for r in range(p)}
     level, depth = list(range(p)), 0
     while len(level) > 1:
@@ -288,7 +304,7 @@ class _TwoLevel(Topology):
 
 def two_level(servers, gpus_per_server, nvlink_alpha=2e-6, nvlink_beta=1 / 300e9,
               ib_alpha=5e-6, ib_beta=1 / 25e9, servers_per_tor=None, oversubscription=1.0,
-              flops=1e14, memory=80e9):
+              flops=1e14, memory=80e9, gamma=0.0):
     """Servers of GPUs: NVLink inside a server, InfiniBand between servers.
 
     Inside a server every GPU links to the server's NVSwitch (GPU to GPU: ``nvlink_alpha`` in
@@ -296,7 +312,8 @@ def two_level(servers, gpus_per_server, nvlink_alpha=2e-6, nvlink_beta=1 / 300e9
     top-of-rack switch (ToR; ``ib_beta`` per byte). ``servers_per_tor`` servers share a ToR
     (default: all, so there is no spine); ToRs join one spine switch, each by an uplink of
     ``downlinks * ib_bandwidth / oversubscription`` (``oversubscription=4`` is 1:4). A route
-    across servers costs ``ib_alpha`` of latency wherever it goes.
+    across servers costs ``ib_alpha`` of latency wherever it goes. ``gamma``: the GPUs'
+    seconds per byte reduced (module docstring).
     """
     where = "two_level"
     for value, what in ((servers, "servers"), (gpus_per_server, "gpus_per_server")):
@@ -308,7 +325,7 @@ def two_level(servers, gpus_per_server, nvlink_alpha=2e-6, nvlink_beta=1 / 300e9
     _positive(oversubscription, "oversubscription", where)
     ib_beta = _positive(ib_beta, "ib_beta", where, allow_zero=True)
     g = gpus_per_server
-    topo = _TwoLevel(servers * g, flops=flops, memory=memory, name="two_level")
+    topo = _TwoLevel(servers * g, flops=flops, memory=memory, name="two_level", gamma=gamma)
     topo._gpus_per_server = g
     topo._nvswitch = [topo.add_switch(f"nvswitch{s}") for s in range(servers)]
     tors = [topo.add_switch(f"tor{t}") for t in range(-(-servers // per_tor))]
