@@ -489,3 +489,13 @@ def test_batched_path_charges_gamma_like_the_event_path(cluster_kw):
         assert a.dtype == b.dtype and np.array_equal(a, b)
     free = sim.run(sim.Cluster(sim.ring(p, A, B), **cluster_kw), prog, args=[(x,) for x in xs])
     assert batched.time > free.time
+
+
+def test_object_and_structured_arrays_are_refused_alike_on_both_backends():
+    """MPI sends raw bytes with a dtype code, which cannot carry Python objects or fields;
+    the shared request check refuses them, so the simulator does not accept what MPI can't."""
+    for bad in (np.array([{"a": 1}, None], dtype=object),
+                np.zeros(2, dtype=[("x", "f4"), ("y", "i4")])):
+        with pytest.raises(DTypeError, match="cannot send an array of dtype"):
+            sim.run(sim.Cluster(sim.ring(2)),
+                    lambda comm, b=bad: (yield comm.sendrecv(b, 1 - comm.rank, 1 - comm.rank)))

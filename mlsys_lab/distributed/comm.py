@@ -175,16 +175,22 @@ class Batched(Request):
 
 
 def as_message(array, where):
-    """The array a request carries: a numpy array (lists and scalars are converted)."""
+    """The array a request carries: a numpy array (lists and scalars are converted; a 0-d
+    array stays 0-d). Object and structured dtypes are refused: under MPI a message is raw
+    bytes plus shape and dtype code, which cannot carry them, and both backends must agree."""
     if hasattr(array, "__mlsys_symbolic__"):
         return array
-    if isinstance(array, np.ndarray):
-        return array
-    try:
-        return np.asarray(array)
-    except Exception as exc:  # noqa: BLE001 - any conversion failure is the caller's argument
-        raise ArgumentError(f"{where}: cannot send {type(array).__name__} (need an array)") \
-            from exc
+    if not isinstance(array, np.ndarray):
+        try:
+            array = np.asarray(array)
+        except Exception as exc:  # noqa: BLE001 - any conversion failure is the caller's
+            raise ArgumentError(f"{where}: cannot send {type(array).__name__} (need an "
+                                f"array)") from exc
+    if array.dtype.hasobject or array.dtype.fields is not None:
+        raise DTypeError(f"{where}: cannot send an array of dtype {array.dtype}: messages carry "
+                         f"plain numeric, bool, complex or datetime arrays (send the fields "
+                         f"as separate arrays)")
+    return array
 
 
 def _out(out, where):
