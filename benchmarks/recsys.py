@@ -21,6 +21,11 @@ Prints three tables:
 2. **Bytes moved per worker per step**: the DLRM's 8 tables of 10^5 x 16 on 4 row-sharded
    parameter servers, pulling and pushing only a batch's touched rows, against a ring
    all-reduce of the dense table gradients over 8 workers.
+   A last table times each dense optimiser update alone on the 10^6 x 64 float32 table
+   (4 x 10^5 rows, 100 MB per array, to spare the shared machine's memory; 10^5 with
+   ``--quick``): the fused in-place pass of :mod:`mlsys_lab.kernels.optim` that ``optim.SGD``,
+   ``Adam``, ``RMSProp`` and ``Adagrad`` run, against the numpy formula it replaced (the same
+   float operations through parameter-sized temporaries; bit-identical results).
 3. **DLRM training step** (13 dense -> 13-64-16 bottom MLP, 8 tables of 10^5 x 16, dot
    interaction, top MLP, batch 512; SparseAdam on the tables, Adam on the MLPs), ours against
    the same model in PyTorch (``nn.EmbeddingBag(mode="sum", sparse=True)``,
@@ -43,6 +48,7 @@ from mlsys_lab import recsys as rs
 from mlsys_lab import timing
 from mlsys_lab.engine.sparse import RowSparse
 from mlsys_lab.kernels import embedding as embedding_kernels
+from mlsys_lab.kernels import optim as optim_kernels
 
 
 def load():
@@ -133,6 +139,34 @@ def embedding_update(args):
           f"sparse speed-up {res['torch dense'] / res['torch sparse']:.0f}x; ours / torch: "
           f"dense {res['dense'] / res['torch dense']:.2f}x, sparse "
           f"{res['sparse'] / res['torch sparse']:.2f}x")
+
+
+def dense_optimiser_updates(args):
+    """Each dense optimiser's update alone: the fused in-place pass against the numpy formula
+    (``*_dense_reference``, parameter-sized temporaries), on the same arrays, interleaved."""
+    rows, dim = (10 ** 5 if args.quick else 4 * 10 ** 5), 64
+    rng = np.random.default_rng(1)
+    p, g = (rng.standard_normal((rows, dim)).astype(np.float32) for _ in range(2))
+    m, v = np.zeros_like(p), np.ones_like(p)
+    k = optim_kernels
+    updates = {  # name: (fused, numpy formula), each a step on the same p and state
+        "SGD": (lambda: k.sgd_dense(p, g, 1e-6),
+                lambda: p.__isub__(np.asarray(1e-6, p.dtype) * g)),
+        "Adam": (lambda: k.adam_dense(p, g, m, v, 1e-6, 0.9, 0.999, 1e-8, 0.0, 10),
+                 lambda: k.adam_dense_reference(p, g, m, v, 1e-6, 0.9, 0.999, 1e-8, 0.0, 10)),
+        "RMSProp": (lambda: k.rmsprop_dense(p, g, v, 1e-6, 0.99, 1e-8, 0.0),
+                    lambda: k.rmsprop_dense_reference(p, g, v, 1e-6, 0.99, 1e-8, 0.0)),
+        "Adagrad": (lambda: k.adagrad_dense(p, g, v, 1e-6, 1e-10, 0.0),
+                    lambda: k.adagrad_dense_reference(p, g, v, 1e-6, 1e-10, 0.0)),
+    }
+    print(f"\n   Dense optimiser update alone, {rows:.0e} x {dim} float32 "
+          f"({p.nbytes / 1e6:.0f} MB per array), best of {args.rounds}; {load()}")
+    print(f"  {'':9}{'fused ms':>10}{'numpy ms':>10}{'speed-up':>10}")
+    for name, (fused, formula) in updates.items():
+        res = timing.compare({"numpy": formula, "fused": fused}, rounds=args.rounds,
+                             baseline="numpy")
+        print(f"  {name:9}{res['fused'] * 1e3:>10.2f}{res['numpy'] * 1e3:>10.2f}"
+              f"{res.speedup('fused'):>9.2f}x")
 
 
 def torch_embedding_step(rows, dim, g, offsets, threads):
@@ -277,6 +311,7 @@ def main():
     print(f"mlsys_lab recsys benchmark; {args.threads} BLAS/torch thread(s); {load()}")
     with threadpool_limits(args.threads):
         embedding_update(args)
+        dense_optimiser_updates(args)
         ps_bytes(args)
         dlrm_step(args)
 

@@ -17,7 +17,7 @@ from ..engine.sparse import RowSparse
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, CheckpointError, DTypeError
 from ..kernels import embedding as _rows
-from ..kernels.optim import sgd_dense
+from ..kernels.optim import adagrad_dense, adam_dense, rmsprop_dense, sgd_dense
 
 #: PyTorch's wording for each hyper-parameter it checks, and whether it must also be below 1.
 _LIMITS = {"lr": ("learning rate", False), "momentum": ("momentum value", False),
@@ -50,6 +50,13 @@ def _check_hyper(owner, hyper):
             raise ArgumentError(f"{owner}: Invalid {what}: {value!r} ({name} must be {rule})")
 
 
+def _as_python_numbers(hyper):
+    """The checked hyper-parameters as Python floats (a NumPy scalar would make numpy compute
+    a float32 parameter's update in float64 where a Python number does not, and the fused
+    updates of :mod:`mlsys_lab.kernels.optim` follow the Python-number rules)."""
+    return {k: float(v) if k in _LIMITS else v for k, v in hyper.items()}
+
+
 class Optimizer:
     """Base class: holds parameters, hyper-parameters and per-parameter state arrays.
 
@@ -80,7 +87,7 @@ class Optimizer:
                 raise DTypeError(f"{owner}: can only optimize Tensors (Parameters), but "
                                  f"params[{i}] is a {type(p).__module__}.{type(p).__qualname__}")
         _check_hyper(owner, hyper)
-        self.hyper = hyper
+        self.hyper = _as_python_numbers(hyper)
         self.step_count = 0
         self.state = [{n: np.zeros_like(p.data) for n in self.state_names} for p in self.params]
 
@@ -148,7 +155,7 @@ class Optimizer:
                 if n not in st or np.shape(st[n]) != p.shape:
                     raise CheckpointError(f"{type(self).__name__}.load_state_dict: state {i}.{n} "
                                           f"missing or not of shape {p.shape}")
-        self.hyper.update(hyper)
+        self.hyper.update(_as_python_numbers(hyper))
         self.step_count = step
         self.state = [{n: np.array(st[n], dtype=p.data.dtype) for n in self.state_names}
                       for p, st in zip(self.params, state)]
@@ -193,16 +200,10 @@ class Adam(Optimizer):
                          weight_decay=weight_decay)
 
     def update(self, p, g, st):
-        h, t = self.hyper, self.step_count
-        if h["weight_decay"]:
-            g = g + h["weight_decay"] * p.data
-        m, v = st["m"], st["v"]
-        m *= h["beta1"]
-        m += (1 - h["beta1"]) * g
-        v *= h["beta2"]
-        v += (1 - h["beta2"]) * g * g
-        lr_t = h["lr"] * np.sqrt(1 - h["beta2"] ** t) / (1 - h["beta1"] ** t)
-        p.data -= (lr_t * m / (np.sqrt(v) + h["eps"])).astype(p.data.dtype, copy=False)
+        # one fused in-place pass, bit-identical to the numpy formula (adam_dense_reference)
+        h = self.hyper
+        adam_dense(p.data, g, st["m"], st["v"], h["lr"], h["beta1"], h["beta2"], h["eps"],
+                   h["weight_decay"], self.step_count)
 
 
 class RMSProp(Optimizer):
@@ -214,13 +215,10 @@ class RMSProp(Optimizer):
         super().__init__(params, lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay)
 
     def update(self, p, g, st):
+        # one fused in-place pass, bit-identical to the numpy formula (rmsprop_dense_reference)
         h = self.hyper
-        if h["weight_decay"]:
-            g = g + h["weight_decay"] * p.data
-        sq = st["square_avg"]
-        sq *= h["alpha"]
-        sq += (1 - h["alpha"]) * g * g
-        p.data -= (h["lr"] * g / (np.sqrt(sq) + h["eps"])).astype(p.data.dtype, copy=False)
+        rmsprop_dense(p.data, g, st["square_avg"], h["lr"], h["alpha"], h["eps"],
+                      h["weight_decay"])
 
 
 class Adagrad(Optimizer):
@@ -245,11 +243,9 @@ class Adagrad(Optimizer):
         return h["lr"] / (1 + (self.step_count - 1) * h["lr_decay"])
 
     def update(self, p, g, st):
-        if self.hyper["weight_decay"]:
-            g = g + self.hyper["weight_decay"] * p.data
-        st["sum"] += g * g
-        p.data -= (self._lr() * g / (np.sqrt(st["sum"]) + self.hyper["eps"])).astype(
-            p.data.dtype, copy=False)
+        # one fused in-place pass, bit-identical to the numpy formula (adagrad_dense_reference)
+        adagrad_dense(p.data, g, st["sum"], self._lr(), self.hyper["eps"],
+                      self.hyper["weight_decay"])
 
     def sparse_update(self, p, g, st):
         self._no_sparse("weight_decay")
