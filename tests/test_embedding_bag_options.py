@@ -256,3 +256,18 @@ def test_per_sample_weights_equal_torch():
     np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-12)
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.to_dense().numpy(), rtol=1e-12)
     np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("opt_cls", [ml.optim.Adagrad, ml.optim.SparseAdam])
+def test_sparse_row_updates_divide_by_zero_as_numpy(opt_cls):
+    """eps=0 (allowed, as in PyTorch) and a zero gradient row: 0 / (sqrt(0) + 0) is NaN in
+    numpy and in torch; the Numba row kernels used Python's error model and raised
+    ZeroDivisionError instead. Now they equal their numpy references, NaN for NaN."""
+    p = ml.nn.Parameter(np.ones((4, 2), np.float32))
+    opt = opt_cls([p], lr=0.1, eps=0.0)
+    p.grad = RowSparse([1, 3], np.array([[0.0, 2.0], [0.0, -1.0]], np.float32), 4)
+    with np.errstate(all="ignore"):
+        opt.step()
+    got = p.numpy()
+    assert np.isnan(got[[1, 3], 0]).all() and np.isfinite(got[[1, 3], 1]).all()
+    np.testing.assert_array_equal(got[[0, 2]], 1.0)  # untouched rows
