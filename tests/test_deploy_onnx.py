@@ -669,6 +669,80 @@ def test_a_declared_output_type_that_disagrees_is_refused():
         import_onnx(model)
 
 
+def _constant_of_shape(n):
+    shape = numpy_helper.from_array(np.array([n, n], np.int64), "shape")
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+    return _model([helper.make_node("ConstantOfShape", ["shape"], ["y"], name="big_fill",
+                                    value=fill)], [], [_info("y", [n, n])], inits=[shape])
+
+
+def _expand_then_add(n):
+    shape = numpy_helper.from_array(np.array([n, n], np.int64), "shape")
+    return _model([helper.make_node("Expand", ["x", "shape"], ["wide"], name="spread"),
+                   helper.make_node("Add", ["wide", "x"], ["y"], name="big_add")],
+                  [_info("x", [1, 1])], [_info("y", [n, n])], inits=[shape])
+
+
+def test_a_constant_too_big_for_memory_is_refused_at_import_naming_the_node(monkeypatch):
+    """Issue 26.7: ConstantOfShape of 10^7 x 10^7 floats raised numpy's bare MemoryError."""
+    from mlsys_lab.engine import interpreter
+
+    monkeypatch.setattr(interpreter, "MEMORY_LIMIT", 2**40)  # as on a machine with 1 TiB
+    with pytest.raises(ml.OutOfMemoryError, match=(
+            r"ONNX node #0 ConstantOfShape 'big_fill': cannot allocate shape \(10000000, "
+            r"10000000\) of float32: 400,000,000,000,000 bytes .*more than this machine's "
+            r"1,099,511,627,776 bytes")):
+        import_onnx(_constant_of_shape(10**7))
+    # no limit known: numpy's own MemoryError (4e18 bytes: no address space holds it) is named
+    monkeypatch.setattr(interpreter, "MEMORY_LIMIT", None)
+    with pytest.raises(ml.OutOfMemoryError, match=(
+            r"ConstantOfShape 'big_fill': cannot allocate shape \(1000000000, 1000000000\) of "
+            r"float32: 4,000,000,000,000,000,000 bytes")):
+        import_onnx(_constant_of_shape(10**9))
+    monkeypatch.undo()
+    assert import_onnx(_constant_of_shape(3)).consts  # a small one still imports
+    negative = _constant_of_shape(3)
+    negative.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([2, -1]), "shape"))
+    with pytest.raises(ArgumentError, match=r"ConstantOfShape 'big_fill'.*negative dimension"):
+        import_onnx(negative)
+
+
+def test_a_node_too_big_for_memory_is_refused_when_run_naming_the_node(monkeypatch):
+    """Issue 26.7: the graph runners raised OpError (or numpy's MemoryError) for an output
+    that cannot be allocated; it is an OutOfMemoryError naming the node, its ONNX name, the
+    shape and the bytes, refused before allocating when it exceeds the machine's memory."""
+    from mlsys_lab.deploy.passes import run_numpy
+    from mlsys_lab.engine import interpreter
+
+    x = np.ones((1, 1), F32)
+    monkeypatch.setattr(interpreter, "MEMORY_LIMIT", 2**40)
+    def runners(graph):  # deploy's run_numpy, the engine's Interpreter, Graph.__call__
+        return [lambda: run_numpy(graph, x), lambda: Interpreter(graph).run(x),
+                lambda: graph(x)]
+
+    graph = import_onnx(_expand_then_add(10**7))  # imports: the shapes are only numbers
+    for run in runners(graph):
+        with pytest.raises(ml.OutOfMemoryError, match=(
+                r"(?s)add: cannot allocate shape \(10000000, 10000000\) of float32: "
+                r"400,000,000,000,000 bytes.*while running node #1 add.*ONNX node #1 Add "
+                r"'big_add'")):
+            run()
+    nested = ml.trace(lambda v: graph(v), x)  # tracing through it computes nothing: allowed
+    assert [n.op for n in nested.nodes] == ["broadcast_to", "add"]
+    monkeypatch.setattr(interpreter, "MEMORY_LIMIT", None)  # numpy's MemoryError, wrapped
+    for run in runners(import_onnx(_expand_then_add(10**9))):
+        with pytest.raises(ml.OutOfMemoryError, match=(
+                r"(?s)add: out of memory computing float32\[1000000000, 1000000000\]: "
+                r"4,000,000,000,000,000,000 bytes.*MemoryError.*ONNX node #1 Add 'big_add'")):
+            run()
+    # a view (Expand is broadcast_to) allocates nothing: only the nodes that do are refused
+    monkeypatch.setattr(interpreter, "MEMORY_LIMIT", 100_000)
+    model = _expand_then_add(1000)
+    model.graph.node[1].CopyFrom(helper.make_node("ReduceSum", ["wide"], ["y"], keepdims=0))
+    model.graph.output[0].CopyFrom(_info("y", []))
+    assert run_numpy(import_onnx(model), x)[0] == 1e6
+
+
 def test_an_op_without_export_is_named():
     x = np.ones((2, 3), F32)
     graph = ml.grad_graph(ml.trace(lambda x: ml.ops.sum(ml.ops.relu(x)), x))

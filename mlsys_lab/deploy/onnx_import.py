@@ -18,6 +18,7 @@ import numpy as np
 from ..engine import dtypes
 from ..engine.dispatch import run_kernel
 from ..engine.graph import Graph, Node, Value
+from ..engine.interpreter import check_allocation, is_memory_error, out_of_memory
 from ..engine.registry import REGISTRY, get
 from ..errors import (
     ArgumentError,
@@ -25,6 +26,7 @@ from ..errors import (
     DTypeError,
     GraphError,
     MLSysError,
+    OutOfMemoryError,
     UnknownNameError,
 )
 from . import onnx_ops
@@ -72,7 +74,12 @@ def _constant_of_shape(ctx, node, a):
     shape = ctx.array(node, 0, "shape")
     value = a.get("value")
     fill = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
-    return [ctx.constant(np.full(tuple(int(d) for d in shape), fill[0], fill.dtype))]
+    if fill.size != 1:
+        ctx.fail(node, f"attribute 'value' must hold one element, got {fill.size}")
+    dims = tuple(int(d) for d in np.asarray(shape).reshape(-1))
+    if any(d < 0 for d in dims):
+        ctx.fail(node, f"input 0 (shape) {list(dims)} has a negative dimension")
+    return [ctx.constant(ctx.full(dims, fill[0], fill.dtype))]
 
 
 def _shape(ctx, node, a):
@@ -196,7 +203,16 @@ class ImportContext:
         if id(value) not in self._computed:
             node = self._producer[id(value)]
             args = [self._evaluate(v) for v in node.inputs]
-            self._computed[id(value)] = run_kernel(get(node.op), args, node.attrs)
+            what = f"import_onnx: {node.source or 'a constant'}: {node.op}"
+            if get(node.op).view is None:  # a view's output shares its input's memory
+                check_allocation(what, value.shape, value.dtype)
+            try:
+                self._computed[id(value)] = run_kernel(get(node.op), args, node.attrs)
+            except MLSysError as e:
+                if not is_memory_error(e) or isinstance(e, OutOfMemoryError):
+                    raise
+                raise out_of_memory(what, value.shape, value.dtype, f" ({e.__cause__})"
+                                    ) from e.__cause__
             self.absorb(node)
         return self._computed[id(value)]
 
@@ -218,6 +234,21 @@ class ImportContext:
     def _new_value(self, shape, dtype):
         self._count += 1
         return Value(f"t{self._count}", shape, dtype)
+
+    def full(self, shape, fill, dtype):
+        """A new array of ``shape`` and ``dtype`` holding ``fill``, for a constant made at
+        import time (``ConstantOfShape``, an empty reduction's identity, a mask).
+
+        Raises:
+            OutOfMemoryError: the array is larger than this machine's memory, or numpy cannot
+                allocate it; the message names the ONNX node, the shape and the bytes.
+        """
+        what = f"import_onnx: {self.source or 'a constant'}"
+        check_allocation(what, shape, dtype)
+        try:
+            return np.full(shape, fill, dtype)
+        except MemoryError as e:
+            raise out_of_memory(what, shape, dtype, f" ({e})") from None
 
     def constant(self, array):
         """A constant value holding ``array``."""
@@ -496,7 +527,18 @@ def _import_node(ctx, table, proto, index):
                              f"topological order)")
     imp = table[node.op_type][0]
     before = len(ctx.nodes), set(map(id, ctx.consts))
-    outs = imp.convert(ctx, node, _attributes(proto, node, imp))
+    attrs = _attributes(proto, node, imp)
+    try:
+        outs = imp.convert(ctx, node, attrs)
+    except OutOfMemoryError:
+        raise
+    except (MemoryError, MLSysError) as e:  # an allocation no check saw coming
+        if not is_memory_error(e):
+            raise
+        cause = e.__cause__ if isinstance(e, MLSysError) else e
+        raise OutOfMemoryError(f"import_onnx: {node.label()}: out of memory evaluating the "
+                               f"node at import time ({type(cause).__name__}: {cause})"
+                               ) from cause
     fresh = {id(n.output) for n in ctx.nodes[before[0]:]}
     fresh |= set(map(id, ctx.consts)) - before[1]
     for i, name in enumerate(node.outputs):
@@ -558,6 +600,9 @@ def import_onnx(source, *, input_shapes=None, static_inputs=None, name=None):
         ArgumentError: an attribute or attribute value without a mapping (naming the node).
         DTypeError: a dtype mlsys_lab does not support.
         StaticInputError: a graph input whose value is needed at import time.
+        OutOfMemoryError: a value computed at import time (``ConstantOfShape``, a shape
+            computation) is larger than this machine's memory or cannot be allocated; the
+            message names the ONNX node, the shape and the bytes.
     """
     model = load_model(source)
     g = model.graph

@@ -160,7 +160,7 @@ def _im_isinf(ctx, node, a):
         return [ctx.emit("eq", ctx.emit("abs", x), _scalar(np.inf, x))]
     if pos or neg:
         return [ctx.emit("eq", x, _scalar(np.inf if pos else -np.inf, x))]
-    return [ctx.constant(np.zeros(x.shape, bool))]
+    return [ctx.constant(ctx.full(x.shape, False, bool))]
 
 
 register_onnx("eq", export=_ex_binary("Equal", bool_type="Equal", compare=True),
@@ -382,7 +382,7 @@ def _im_dropout(ctx, node, a):
     if random and ratio > 0:
         ctx.fail(node, f"training-mode Dropout with ratio {ratio} draws a random mask, which "
                        f"mlsys_lab cannot reproduce; only inference (or ratio 0) imports")
-    return [ctx.emit("identity", x), ctx.constant(np.ones(x.shape, bool))]
+    return [ctx.emit("identity", x), ctx.constant(ctx.full(x.shape, True, bool))]
 
 
 def _ex_identity(ctx, node):

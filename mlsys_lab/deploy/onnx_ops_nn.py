@@ -262,7 +262,7 @@ def _conv_transpose_3d(ctx, x, w, b, strides, dilations, begins, outs, group):
                             x_shape=(n, c_out) + tuple(natural[1:]), **attrs)
             z = i * strides[0] + k * dilations[0]
             slabs[z] = part if slabs[z] is None else ctx.emit("add", slabs[z], part)
-    zeros = np.zeros((n, c_out) + tuple(natural[1:]), x.dtype)
+    zeros = ctx.full((n, c_out) + tuple(natural[1:]), 0, x.dtype)
     y = ctx.emit("stack", *[ctx.constant(zeros) if v is None else v for v in slabs], axis=2)
     need = [max(f, p + o) for f, p, o in zip(natural, begins, outs)]
     y = _explicit_pad(ctx, y, [0, 0, 0], [m - f for m, f in zip(need, natural)], 0.0)
@@ -405,7 +405,7 @@ def _im_avgpool(ctx, node, a):
         return [_pool2d(ctx, "avg_pool2d", x, kernel, strides, begins)]
     # the window's sum over the zero-padded input, divided by how many of its cells count
     xp = _explicit_pad(ctx, x, begins, ends, 0.0)
-    mask = np.zeros((1, 1) + tuple(xp.shape[2:]), x.dtype)
+    mask = ctx.full((1, 1) + tuple(xp.shape[2:]), 0, x.dtype)
     _, pad_ends = _window_pads(ctx, node, a, x.shape[2:], kernel, strides, dilations)
     counted = tuple(slice(0, b + n + e) if include else slice(b, b + n)
                     for b, n, e in zip(begins, x.shape[2:], pad_ends))  # not ceil's extra

@@ -195,7 +195,7 @@ def _empty(ctx, x, axes, keep, fill):
     elif x.dtype.kind in "iu":
         info = np.iinfo(x.dtype)
         fill = info.min if fill < 0 else info.max
-    return ctx.constant(np.full(shape, fill, x.dtype))
+    return ctx.constant(ctx.full(shape, fill, x.dtype))
 
 
 def _reducer(op_name, since, before=None, after=None):

@@ -16,6 +16,8 @@ A subclass changes what one node does by overriding ``run_node``, the order by o
 ``fetch`` / ``call`` / ``store`` itself.
 """
 
+import math
+import os
 from collections import Counter
 
 import numpy as np
@@ -115,23 +117,96 @@ def check_inputs(graph, flat, convert=None):
     return out
 
 
+# --- memory: refuse what cannot fit before allocating it ---------------------------------------
+def _physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return None
+
+
+#: The largest array, in bytes, that a graph runner (and the ONNX importer's import-time
+#: evaluation) will try to allocate: this machine's physical memory, None where unknown. A
+#: larger request could only succeed lazily (overcommitted pages) and the process be killed
+#: when they are touched, so it is refused up front with :class:`OutOfMemoryError`.
+MEMORY_LIMIT = _physical_memory()
+
+
+def _gib(nbytes):
+    return f"{nbytes:,} bytes ({nbytes / 2**30:,.1f} GiB)"
+
+
+def array_bytes(shape, dtype):
+    """The bytes of an array of ``shape`` and ``dtype``, in Python ints (never wraps)."""
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
+
+def out_of_memory(what, shape, dtype, reason=""):
+    """The :class:`OutOfMemoryError` for an array of ``shape`` and ``dtype`` that ``what``
+    (an op, a node) cannot allocate: it names the shape, dtype and bytes, and ``reason``."""
+    dims = tuple(int(d) for d in shape)
+    return OutOfMemoryError(f"{what}: cannot allocate shape {dims} of {np.dtype(dtype)}: "
+                            f"{_gib(array_bytes(dims, dtype))}{reason}")
+
+
+def check_allocation(what, shape, dtype):
+    """Raise :func:`out_of_memory` when an array of ``shape`` and ``dtype`` is larger than
+    :data:`MEMORY_LIMIT` (this machine's physical memory); return its bytes otherwise."""
+    nbytes = array_bytes(shape, dtype)
+    limit = MEMORY_LIMIT
+    if limit is not None and nbytes > limit:
+        raise out_of_memory(what, shape, dtype, f", more than this machine's {_gib(limit)} of "
+                                                f"memory")
+    return nbytes
+
+
+def is_memory_error(e):
+    """Whether ``e`` is an allocation failure: a ``MemoryError``, numpy's "array is too big"
+    ``ValueError``, or the :class:`OpError` a kernel raised for either."""
+    if isinstance(e, OpError):
+        e = e.__cause__
+    return isinstance(e, MemoryError) or (
+        isinstance(e, ValueError) and "array is too big" in str(e))
+
+
+def _oversize_outputs(node):
+    """The first output of ``node`` that :func:`check_allocation` refuses, with its error;
+    None when every output fits. A view op's output shares its input's memory: never refused."""
+    if get(node.op).view is not None:
+        return None
+    for v in node.outputs:
+        try:
+            check_allocation(node.op, v.shape, v.dtype)
+        except OutOfMemoryError as e:
+            return e
+    return None
+
+
 # --- the error -----------------------------------------------------------------------------------
 def node_error(e, node):
     """The library error to raise for ``e``, raised while running graph ``node``.
 
     A library error keeps its type and gains ``while running node #i <op>`` and the user's line;
     any other exception (a kernel's ``ZeroDivisionError``, numpy's ``ValueError``) becomes an
-    :class:`~mlsys_lab.errors.OpError` (``OutOfMemoryError`` for a ``MemoryError``) naming the
-    op and its input types. Raise it ``from`` :func:`error_cause` ``(e)``.
+    :class:`~mlsys_lab.errors.OpError` naming the op and its input types. An allocation failure
+    (:func:`is_memory_error`: numpy's ``MemoryError``, also when a kernel wrapped it in an
+    ``OpError``) becomes an :class:`~mlsys_lab.errors.OutOfMemoryError` naming the op, its
+    output shapes and their bytes. Raise it ``from`` :func:`error_cause` ``(e)``.
     """
     where = f"\n  while running node #{node.id} {node.op}"
     if node.source:
         where += f"\n  at {node.source}"
+    if is_memory_error(e) and not isinstance(e, OutOfMemoryError):
+        outs = ", ".join(f"{v.dtype}{list(v.shape)}" for v in node.outputs)
+        nbytes = sum(array_bytes(v.shape, v.dtype) for v in node.outputs)
+        cause = e.__cause__ if isinstance(e, OpError) else e
+        return OutOfMemoryError(f"{node.op}: out of memory computing {outs}: {_gib(nbytes)} "
+                                f"({type(cause).__name__}: {cause}){where}")
     if isinstance(e, MLSysError):
         return type(e)(f"{e}{where}")
-    kind = OutOfMemoryError if isinstance(e, MemoryError) else OpError
     shapes = ", ".join(f"{v.dtype}{list(v.shape)}" for v in node.inputs)
-    return kind(f"{node.op}: kernel failed on inputs ({shapes}): {type(e).__name__}: {e}{where}")
+    return OpError(f"{node.op}: kernel failed on inputs ({shapes}): {type(e).__name__}: "
+                   f"{e}{where}")
 
 
 def error_cause(e):
@@ -159,6 +234,7 @@ class Interpreter:
         self.env = {}
         self._readers = {}
         self._keep = frozenset()
+        self._oversize = {}
 
     # --- what a subclass overrides --------------------------------------------------------------
     def schedule(self):
@@ -178,6 +254,11 @@ class Interpreter:
         """The result of ``node`` on its input values ``args``: its op's numpy kernel, checked
         against the op's shape/dtype rule."""
         return run_kernel(get(node.op), args, node.attrs)
+
+    def allocates(self, node, args):
+        """Whether ``run_node(node, args)`` allocates ``node``'s outputs (so that one larger
+        than :data:`MEMORY_LIMIT` is refused before it runs)."""
+        return True
 
     # --- running --------------------------------------------------------------------------------
     def run(self, *args):
@@ -204,6 +285,8 @@ class Interpreter:
         readers = Counter(id(v) for n in g.nodes for v in n.inputs)
         self._readers = readers
         self._keep = frozenset(map(id, g.outputs))
+        self._oversize = {} if MEMORY_LIMIT is None else {  # refused before allocating
+            id(n): e for n in g.nodes if (e := _oversize_outputs(n))}
         return env
 
     def step(self, node):
@@ -218,7 +301,15 @@ class Interpreter:
         return [env[id(v)] for v in node.inputs]
 
     def call(self, node, args):
-        """``run_node(node, args)``, any failure raised as :func:`node_error`."""
+        """``run_node(node, args)``, any failure raised as :func:`node_error`.
+
+        Raises:
+            OutOfMemoryError: the node's output is larger than this machine's memory
+                (:data:`MEMORY_LIMIT`; checked before running it) or numpy could not allocate
+                it; the message names the node, its op, the shape and the bytes.
+        """
+        if self._oversize and id(node) in self._oversize and self.allocates(node, args):
+            raise node_error(self._oversize[id(node)], node) from None
         try:
             return self.run_node(node, args)
         except Exception as e:
@@ -265,3 +356,7 @@ class TensorInterpreter(Interpreter):
 
     def run_node(self, node, args):
         return apply(get(node.op), *args, **node.attrs)
+
+    def allocates(self, node, args):
+        """Not while tracing: a node with a traced input is emitted, not computed."""
+        return all(a.data is not None for a in args)
