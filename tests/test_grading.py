@@ -185,6 +185,31 @@ def test_builder_stubs_regions_and_keeps_the_code_around_them():
     assert builder.render(out).endswith("}\n")
 
 
+def test_builder_wraps_a_long_stub_message_into_short_lines():
+    task = ("one input and one output queue per producer; item n goes to producer n % M; "
+            "read outputs round-robin, and say \"why\" in a message this long")
+    source = f"def f(x):\n    ### BEGIN SOLUTION\n    # TODO: {task}\n    return x\n" \
+             "    ### END SOLUTION"
+    out = builder.build_exercise(nbformat.v4.new_notebook(cells=[_solution_cell(source)]))
+    lines = out.cells[0].source.split("\n")
+    assert lines[:3] == ["def f(x):", "    # YOUR CODE HERE", "    raise NotImplementedError("]
+    assert len(lines) > 4 and all(len(line) <= 99 for line in lines), lines
+    namespace: dict = {}
+    exec(out.cells[0].source, namespace)  # the pieces are one valid string literal
+    with pytest.raises(NotImplementedError) as raised:
+        namespace["f"](1)
+    assert str(raised.value) == f"Exercise 9.1: {task}"
+
+
+def test_generated_stubs_fit_in_99_columns():
+    for path in sorted(EXERCISES.glob("ch*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if builder.answer_id(cell):
+                long = [line for line in cell.source.split("\n") if len(line) > 99
+                        and ("NotImplementedError" in line or line.strip().startswith('"Exer'))]
+                assert not long, f"{path.name}: {long}"
+
+
 @pytest.mark.parametrize(
     "source, cell_tags, message",
     [

@@ -11,9 +11,11 @@ around it and its indentation::
         return x * x                                    "Exercise 0.1: return x times itself")
         ### END SOLUTION
 
-(the stub is one line in the real output). Outputs and execution counts are cleared, and the stub
-cells and their check cells are tagged ``raises-exception``, so the exercise notebook still runs
-top to bottom under nbclient and nbval (both let a cell with that tag raise and carry on).
+(the ``raise`` is one line when it fits in 99 characters; a longer message is split into string
+literals on lines of their own, so no line of a stub runs past 99 characters and Lab shows it
+whole). Outputs and execution counts are cleared, and the stub cells and their check cells are
+tagged ``raises-exception``, so the exercise notebook still runs top to bottom under nbclient and
+nbval (both let a cell with that tag raise and carry on).
 
 Output is deterministic — nbformat's JSON with sorted keys and a trailing newline — so CI can
 compare ``exercises/`` byte for byte with a fresh build (``check_up_to_date``).
@@ -41,6 +43,7 @@ __all__ = [
     "check_ids",
     "check_up_to_date",
     "render",
+    "stub_lines",
 ]
 
 BEGIN = "### BEGIN SOLUTION"
@@ -49,6 +52,8 @@ ANSWER_TAG = "answer:"
 RAISES_TAG = "raises-exception"
 _TODO = re.compile(r"^\s*#\s*TODO:?\s*(.*)$")
 _CHAPTER_FILE = re.compile(r"^(?:ch)?(\d+)_")
+#: Longest line of a generated stub (the project's line length, and what Lab shows uncut).
+STUB_WIDTH = 99
 _CHECK_CALL = re.compile(r"\bcheck\(\s*['\"](\d+\.\d+[a-z]?)['\"]")
 
 
@@ -76,6 +81,41 @@ def _is_check_cell_for(cell, exercise_id: str) -> bool:
     return cell.cell_type == "code" and exercise_id in check_ids(cell.source)
 
 
+def _literal(text: str) -> str:
+    return f'"{text}"' if not set(text) & set('"\\') else repr(text)
+
+
+def stub_lines(indent: str, message: str, width: int = STUB_WIDTH) -> list[str]:
+    """The ``raise NotImplementedError(message)`` statement of a stub, as source lines.
+
+    One line when it fits in ``width`` characters; else the message is split at spaces into
+    string literals that Python joins, one per line, each line at most ``width`` characters
+    (a single word longer than that stays whole)::
+
+        raise NotImplementedError(
+            "Exercise 9.1: one input and one output queue per producer; item n goes to "
+            "producer n % M; read outputs round-robin")
+    """
+    one = f"{indent}raise NotImplementedError({_literal(message)})"
+    if len(one) <= width:
+        return [one]
+    inner = indent + "    "
+    room = width - len(inner) - 3  # the quotes, and the ")" after the last piece
+    pieces: list[str] = []
+    current = ""
+    for word in re.split(r"(?<= )", message):  # words keep their trailing space
+        if current and len(_literal(current + word)) - 2 > room:
+            pieces.append(current)
+            current = word
+        else:
+            current += word
+    pieces.append(current)
+    lines = [f"{indent}raise NotImplementedError("]
+    lines += [f"{inner}{_literal(piece)}" for piece in pieces]
+    lines[-1] += ")"
+    return lines
+
+
 def _stub_region(lines: list[str], exercise_id: str, where: str) -> tuple[list[str], int]:
     """Replace each BEGIN/END region in ``lines``; return the new lines and the region count."""
     out: list[str] = []
@@ -98,10 +138,8 @@ def _stub_region(lines: list[str], exercise_id: str, where: str) -> tuple[list[s
             raise ValueError(f"{where}: nested '{BEGIN}' (close the first region first)")
         todo = _TODO.match(lines[i + 1]) if i + 1 < end else None
         task = todo.group(1).strip() if todo and todo.group(1).strip() else "write your answer here"
-        message = f"Exercise {exercise_id}: {task}"
         out.append(f"{indent}# YOUR CODE HERE")
-        literal = f'"{message}"' if not set(message) & set('"\\') else repr(message)
-        out.append(f"{indent}raise NotImplementedError({literal})")
+        out += stub_lines(indent, f"Exercise {exercise_id}: {task}")
         regions += 1
         i = end + 1
     return out, regions
