@@ -574,6 +574,99 @@ def test_9_3_feedback_names_the_wrong_idea():
     assert "seconds per item" in _feedback(run_cases("9.3", seconds_per_item, seed=16))
 
 
+def _one_stage_rule(pick):
+    """find_bottleneck with one wrong idea: only the stage ``pick`` chooses is a limit."""
+    def wrong(costs, degrees, read_rate=None, consume_rate=None, cores=None):
+        name = pick(costs, degrees)
+        return find_bottleneck({name: costs[name]}, {name: degrees[name]}, read_rate,
+                               consume_rate, cores and cores * costs[name] / sum(costs.values()))
+    return wrong
+
+
+def _without(limit):
+    """find_bottleneck with one wrong idea: the limit ``limit`` is left out."""
+    def wrong(costs, degrees, read_rate=None, consume_rate=None, cores=None):
+        kwargs = {"read_rate": read_rate, "consume_rate": consume_rate, "cores": cores}
+        kwargs[limit] = None
+        return find_bottleneck(costs, degrees, **kwargs)
+    return wrong
+
+
+# Each wrong idea changes the reference in exactly one respect, and has its own hint.
+_ONE_MISTAKE = {
+    "largest cost": _one_stage_rule(lambda c, d: max(c, key=c.get)),
+    "fastest stage": _one_stage_rule(lambda c, d: max(c, key=lambda n: d[n] / c[n])),
+    "no read": _without("read_rate"),
+    "no cpus": _without("cores"),
+    "no device": _without("consume_rate"),
+    "last on ties": last_of_ties,
+    "seconds per item": seconds_per_item,
+}
+_HINTS = {mistake: hint for mistake, (_, hint) in ch09._BN_MISTAKES.items()}
+_HINTS["seconds per item"] = ch09._BN_SECONDS_HINT
+_JUDGES = [  # (case, judge(raw, seed), the case's inputs for a seed)
+    ("worked examples", lambda raw, seed: ch09._bn_examples_judge(raw),
+     lambda seed: ch09._bn_examples()),
+    ("30 random", ch09._bn_stages_judge, lambda seed: ch09._bn_random(seed, 30)),
+    ("with F and G", ch09._bn_rates_judge,
+     lambda seed: ch09._bn_random(seed, 30, with_rates=True)),
+    ("with shared cores", ch09._bn_cores_judge,
+     lambda seed: ch09._bn_random(seed, 30, with_cores=True)),
+    ("ties", lambda raw, seed: ch09._bn_ties_judge(raw), lambda seed: ch09._bn_ties()),
+]
+
+
+def _hints_shown(wrong, seeds):
+    """{(case, hints named in its message)}: how often, over ``seeds``, each case failed with
+    which hints (the judges called directly, as the grader calls them, for speed)."""
+    shown: dict[tuple[str, tuple[str, ...]], int] = {}
+    for seed in seeds:
+        for case, judge, inputs in _JUDGES:
+            raw = [ch09.plain(wrong(dict(c), dict(d), **kw)) for c, d, kw in inputs(seed)]
+            try:
+                judge(raw, seed)
+            except AssertionError as error:
+                named = tuple(m for m, hint in _HINTS.items() if hint in str(error))
+                shown[(case, named)] = shown.get((case, named), 0) + 1
+    return shown
+
+
+@pytest.mark.parametrize("mistake", list(_ONE_MISTAKE))
+def test_9_3_each_hint_is_shown_for_its_own_mistake_and_never_another(mistake):
+    """The hint comes from the mistake the answer made: over many seeds, an answer with one
+    wrong idea is only ever told that idea's hint, and is told it on nearly every failure of a
+    case with random inputs (an answer that two ideas would both give gets no hint when no
+    other failure of the case can be named: "no read" and "last on ties" both answer 'a' when
+    F ties stage a)."""
+    shown = _hints_shown(_ONE_MISTAKE[mistake], range(150))
+    others = {key: n for key, n in shown.items() if set(key[1]) - {mistake}}
+    assert not others, f"{mistake}: other hints shown: {others}"
+    assert any(named == (mistake,) for _, named in shown), shown
+    drawn = {key: n for key, n in shown.items() if key[0] not in ("worked examples", "ties")}
+    hinted = sum(n for key, n in drawn.items() if key[1] == (mistake,))
+    assert hinted >= 0.85 * sum(drawn.values()), shown  # random inputs: nearly always named
+    # the issue's case: an answer that forgets the shared-cores cap is always told so
+    if mistake == "no cpus":
+        assert shown == {("with shared cores", ("no cpus",)): 150}, shown
+
+
+@pytest.mark.parametrize("wrong, mistakes", [
+    (largest_cost, {"largest cost", "no read", "no cpus", "no device"}),
+    (cost_over_degree, {"fastest stage", "no read", "no cpus", "no device"}),
+    (stages_only, {"no read", "no cpus", "no device"}),
+], ids=["largest cost only", "cost / degree only", "ignores F, G and cores"])
+def test_9_3_an_answer_with_several_mistakes_is_told_only_mistakes_it_made(wrong, mistakes):
+    shown = _hints_shown(wrong, range(60))
+    told = {m for (_, named), n in shown.items() for m in named}
+    assert told and told <= mistakes, shown
+
+
+def test_9_3_the_hint_survives_the_round_trip_through_check():
+    result = run_cases("9.3", ignores_cores, seed=4)
+    assert _HINTS["no cpus"] in _feedback(result)
+    assert _HINTS["largest cost"] not in _feedback(result)
+
+
 def test_9_3_a_stub_scores_zero():
     def stub(costs, degrees, read_rate=None, consume_rate=None, cores=None):
         raise NotImplementedError("Exercise 9.3")

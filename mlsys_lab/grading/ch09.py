@@ -633,39 +633,121 @@ def _reference_bottleneck(costs, degrees, read_rate=None, consume_rate=None, cor
     return best
 
 
-def _why(got_name, case):
-    """A hint naming the wrong idea the answer's choice matches."""
-    costs, degrees, _ = case
-    if got_name == max(costs, key=costs.get):
-        return (" — that is the stage with the largest cost per item, but its workers share "
-                "the work: a stage of d workers at c seconds per item runs at d / c items/s")
-    if got_name == max(costs, key=lambda n: degrees[n] / costs[n]):
-        return (" — that is the fastest stage; the lowest rate degree / cost (items per "
-                "second) limits the pipeline")
-    return ""
+def _bn_limits(costs, degrees, read_rate=None, consume_rate=None, cores=None, *, stages="all",
+               read=True, cpus=True, device=True):
+    """The limits in pipeline order, as ``_reference_bottleneck`` lists them, with one idea
+    changed for the wrong answers: ``stages`` "all" (right), "largest cost" (only the stage of
+    the largest cost per item) or "fastest" (only the stage of the highest degree / cost); and
+    ``read``, ``cpus``, ``device`` False to leave that limit out."""
+    rates = {n: degrees[n] / costs[n] if costs[n] > 0 else math.inf for n in costs}
+    names = list(costs)
+    if stages == "largest cost":
+        names = [max(names, key=costs.get)]
+    elif stages == "fastest":
+        names = [max(names, key=rates.get)]
+    limits = [("read", read_rate)] if read and read_rate is not None else []
+    limits += [(n, rates[n]) for n in names]
+    total = sum(costs.values())
+    if cpus and cores is not None and total > 0:
+        limits.append(("cpus", cores / total))
+    if device and consume_rate is not None:
+        limits.append(("device", consume_rate))
+    return limits
+
+
+def _bn_lowest(limits, last_on_ties=False):
+    best = limits[0]
+    for limit in limits[1:]:
+        if limit[1] < best[1] or (last_on_ties and limit[1] == best[1]):
+            best = limit
+    return best
+
+
+#: The wrong ideas a 9.3 answer is diagnosed with, each as what it answers (costs, degrees,
+#: kwargs) -> (name, rate), and the hint shown when an answer's choice is that idea's and no
+#: other's. tests/test_exercises_ch09.py implements each idea and checks its hint.
+_BN_MISTAKES = {
+    "largest cost": (
+        lambda c, d, kw: _bn_lowest(_bn_limits(c, d, **kw, stages="largest cost")),
+        "that is the stage with the largest cost per item, but its workers share the work: a "
+        "stage of d workers at c seconds per item runs at d / c items/s, and the lowest of "
+        "those limits the pipeline"),
+    "fastest stage": (
+        lambda c, d, kw: _bn_lowest(_bn_limits(c, d, **kw, stages="fastest")),
+        "that is the fastest stage; the lowest rate degree / cost (items per second) limits "
+        "the pipeline"),
+    "no read": (
+        lambda c, d, kw: _bn_lowest(_bn_limits(c, d, **kw, read=False)),
+        "the reader delivers only read_rate (F) items per second: F is a limit too"),
+    "no cpus": (
+        lambda c, d, kw: _bn_lowest(_bn_limits(c, d, **kw, cpus=False)),
+        "all stages share the cores: cores / (sum of the costs) items per second is a limit "
+        "too"),
+    "no device": (
+        lambda c, d, kw: _bn_lowest(_bn_limits(c, d, **kw, device=False)),
+        "the device takes only consume_rate (G) items per second: G is a limit too"),
+    "last on ties": (
+        lambda c, d, kw: _bn_lowest(_bn_limits(c, d, **kw), last_on_ties=True),
+        "on a tie the earliest limit in pipeline order is the bottleneck: read, the stages in "
+        "their order, cpus, device"),
+}
+#: The hint for a right name with the reciprocal rate.
+_BN_SECONDS_HINT = "that is seconds per item; return items per second"
+
+
+def _diagnose(got_name, case, want):
+    """The one wrong idea whose answer to ``case`` is wrong and names ``got_name``, or None
+    when no idea does, or more than one (then no hint can say which mistake it was)."""
+    costs, degrees, kwargs = case
+    found = []
+    for mistake, (answer, _) in _BN_MISTAKES.items():
+        theirs = answer(costs, degrees, kwargs)
+        if theirs[0] == got_name and (theirs[0] != want[0] or theirs[1] != want[1]):
+            found.append(mistake)
+    return found[0] if len(found) == 1 else None
+
+
+def _bn_failure(g, case, want):
+    """Why answer ``g`` to ``case`` is wrong (``want`` is right), with a hint derived from the
+    mistake it matches, or None when it is right. Returns (message, hinted)."""
+    label = f"costs {case[0]}, degrees {case[1]}" + (f", {case[2]}" if case[2] else "")
+    if not (isinstance(g, (list, tuple)) and len(g) == 2 and isinstance(g[0], str)
+            and isinstance(g[1], numbers.Real) and not isinstance(g[1], bool)):
+        return (f"{label}: find_bottleneck should return (name, items per second), got "
+                f"{describe(g)}"), False
+    if g[0] != want[0]:
+        mistake = _diagnose(g[0], case, want)
+        hint = f" — {_BN_MISTAKES[mistake][1]}" if mistake else ""
+        return (f"{label}: the bottleneck is {want[0]!r} at {want[1]:.6g} items/s, you said "
+                f"{g[0]!r}{hint}"), bool(hint)
+    if not math.isclose(float(g[1]), want[1], rel_tol=1e-9):
+        hint = ""
+        if want[1] > 0 and math.isclose(float(g[1]), 1.0 / want[1], rel_tol=1e-6):
+            hint = f" ({_BN_SECONDS_HINT})"
+        return (f"{label}: {want[0]!r} runs at {want[1]:.6g} items/s, you said "
+                f"{float(g[1]):.6g}{hint}"), bool(hint)
+    return None
 
 
 def _bn_judge_list(raw, cases, what, answers=None):
+    """Fail on the first wrong answer whose mistake can be named (a hint), else on the first
+    wrong answer."""
     got = _expect(raw, list, what)
     if len(got) != len(cases):
         raise AssertionError(f"{what}: expected {len(cases)} answers, got {len(got)}")
+    first = None
     for k, (g, case) in enumerate(zip(got, cases)):
         want = answers[k] if answers is not None else _reference_bottleneck(
             case[0], case[1], **case[2])
-        label = f"costs {case[0]}, degrees {case[1]}" + (f", {case[2]}" if case[2] else "")
-        if not (isinstance(g, (list, tuple)) and len(g) == 2 and isinstance(g[0], str)
-                and isinstance(g[1], numbers.Real) and not isinstance(g[1], bool)):
-            raise AssertionError(f"{label}: find_bottleneck should return (name, items per "
-                                 f"second), got {describe(g)}")
-        if g[0] != want[0]:
-            raise AssertionError(f"{label}: the bottleneck is {want[0]!r} at {want[1]:.6g} "
-                                 f"items/s, you said {g[0]!r}{_why(g[0], case)}")
-        if not math.isclose(float(g[1]), want[1], rel_tol=1e-9):
-            hint = ""
-            if want[1] > 0 and math.isclose(float(g[1]), 1.0 / want[1], rel_tol=1e-6):
-                hint = " (that is seconds per item; return items per second)"
-            raise AssertionError(f"{label}: {want[0]!r} runs at {want[1]:.6g} items/s, you "
-                                 f"said {float(g[1]):.6g}{hint}")
+        failure = _bn_failure(g, case, want)
+        if failure is None:
+            continue
+        message, hinted = failure
+        if hinted:
+            raise AssertionError(message)
+        first = first or message
+    if first:
+        raise AssertionError(first)
 
 
 def _bn_examples_judge(raw):
