@@ -101,6 +101,34 @@ def test_quantize_and_dequantize_linear_ops_follow_the_formula(seed, per_channel
     assert np.all(np.abs(dq - x)[inside] <= np.broadcast_to(s, x.shape)[inside] * 0.5001)
 
 
+def test_a_tie_rounds_half_to_even_before_the_zero_point_is_added_as_in_onnx():
+    """``q = clip(round(r / s) + z)``, round half to even, as ONNX's QuantizeLinear computes it
+    (quantize.py's docstring said ``round(r / s + z)``, which differs on a tie: r / s = 0.5 and
+    z = 1 give round(0.5) + 1 = 1 here, round(1.5) = 2 there)."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    r = np.array([0.25, 0.75, 1.25, -0.25, -0.75, -1.25], np.float32)  # r / s: exact halves
+    scale, zp = np.float32(0.5), np.int8(1)
+    want = np.array([1, 3, 3, 1, -1, -1], np.int8)  # rint(r / s) + 1
+    assert not np.array_equal(want, np.rint(r / scale + zp))  # the two formulas do differ here
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q"])], "q",
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, [6])],
+        [helper.make_tensor_value_info("q", TensorProto.INT8, [6])],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [0.5]),
+         helper.make_tensor("z", TensorProto.INT8, [], [1])]),
+        opset_imports=[helper.make_opsetid("", 19)])
+    onnx_q = ReferenceEvaluator(model).run(None, {"r": r})[0]
+    np.testing.assert_array_equal(onnx_q, want)
+    qp = Q.QParams(np.asarray(0.5), np.asarray(1), -128, 127)
+    np.testing.assert_array_equal(qp.quantize(r), want)
+    np.testing.assert_array_equal(Q.quantize(r, qp), want)
+    np.testing.assert_array_equal(get("quantize_linear").compute(r, scale, zp), want)
+    fq = Q.fake_quant(ml.tensor(r), qp).numpy()
+    np.testing.assert_array_equal(fq, (want.astype(np.float32) - 1) * 0.5)
+
+
 def test_q_dq_ops_refuse_bad_operands():
     x = np.zeros((2, 3), np.float32)
     q_op, dq_op = get("quantize_linear"), get("dequantize_linear")

@@ -1,6 +1,7 @@
-"""Quantisation arithmetic (book ch. 10): ``q = clip(round(r / s) + z, qmin, qmax)`` and back
-``r ≈ s (q - z)`` — :func:`qrange`, :func:`choose_qparams` (symmetric / asymmetric, per tensor
-/ per channel) and :class:`QParams` (quantise, dequantise, fake-quantise a numpy array)."""
+"""Quantisation arithmetic (book ch. 10): ``q = clip(round(r / s) + z, qmin, qmax)`` (round half
+to even, then add the zero point, as ONNX's QuantizeLinear) and back ``r ≈ s (q - z)`` —
+:func:`qrange`, :func:`choose_qparams` (symmetric / asymmetric, per tensor / per channel) and
+:class:`QParams` (quantise, dequantise, fake-quantise a numpy array)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def along(a, axis, ndim):
 
 @dataclass(frozen=True)
 class QParams:
-    """How one tensor is quantised: ``q = clip(round(r / scale) + zero_point, qmin, qmax)``.
+    """How one tensor is quantised: ``q = clip(round(r / scale) + zero_point, qmin, qmax)``,
+    ``round`` rounding half to even (ONNX's QuantizeLinear).
 
     Attributes:
         scale: float64, shape ``()`` (per tensor) or ``(C,)`` (per channel along ``axis``).

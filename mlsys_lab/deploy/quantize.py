@@ -1,4 +1,8 @@
-"""Quantisation (book ch. 10): ``q = clip(round(r / s + z), qmin, qmax)``, back ``r ≈ s (q - z)``.
+"""Quantisation (book ch. 10): ``q = clip(round(r / s) + z, qmin, qmax)``, back ``r ≈ s (q - z)``.
+
+``round`` rounds half to even and comes before the zero point is added, as ONNX's
+QuantizeLinear computes it; ``round(r / s + z)`` would differ on a tie (``r / s = 0.5``,
+``z = 1``: ``round(0.5) + 1 = 1``, but ``round(1.5) = 2``).
 
 * the arithmetic — :func:`qrange`, :func:`choose_qparams` (symmetric / asymmetric, per tensor /
   per channel) and :class:`QParams` (quantise, dequantise, fake-quantise a numpy array);
