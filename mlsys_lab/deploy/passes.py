@@ -320,7 +320,14 @@ class GraphComparison:
 
 
 def run_numpy(graph, *inputs):
-    """The outputs of ``graph`` on ``inputs`` by the interpreter (numpy reference kernels)."""
+    """The outputs of ``graph`` on ``inputs`` by the interpreter (numpy reference kernels).
+
+    Raises:
+        OutOfMemoryError: a node's output does not fit in memory (refused before it is
+            allocated when larger than the machine's memory); names the node, its op (and the
+            ONNX node it came from, for an imported graph), the shape and the bytes.
+        OpError: a kernel failed (naming the node).
+    """
     return Interpreter(graph).run(*inputs)
 
 
