@@ -849,3 +849,435 @@ def test_the_answer_counts_wherever_it_is_written(tmp_path):
     report = grade(tmp_path / "ch00_layout.ipynb", cell_timeout=30, timeout=120)
     assert _points(report) == {"0.1": 3, "0.2": 5, "0.3": 0}, report.to_table()
     assert report.notes == [], report.to_table()
+
+
+# ----------------------------------------------------------------------------- issue 27: holes
+#
+# One cheat per hole the independent tester found, on real chapter exercises (2-13). Each cheat
+# is first shown to be a correct answer when no guard watches (so the zero below is the guard's
+# doing), then scores zero on the cases that test the idea.
+
+import _thread  # noqa: E402
+import ast as _ast  # noqa: E402
+import contextlib  # noqa: E402
+import os  # noqa: E402
+
+from mlsys_lab.grading import probe  # noqa: E402
+from mlsys_lab.grading.exercise import get_exercise  # noqa: E402
+
+STDLIB_FILE = os.path.realpath(json.__file__)  # a file under the installed Python
+
+
+class _NoGuard:
+    """Stands in for the guard: the probes run unwatched (what a cheat would get without it)."""
+
+    def __init__(self, *args, **kwargs):
+        self.violations = []
+
+    @contextlib.contextmanager
+    def watching(self):
+        yield self
+
+
+def _recode(code: types.CodeType, filename: str) -> types.CodeType:
+    consts = tuple(_recode(c, filename) if isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _clone(fn, filename: str = STDLIB_FILE, name: str | None = None):
+    """H1: ``fn`` with its code (and nested code) claiming to come from the installed Python."""
+    fn = guard._unwrap(fn)
+    code = _recode(fn.__code__, filename)
+    if name is not None:
+        code = code.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name or fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+
+
+def _paste(fn, padding: str = "_unused = None"):
+    """H2: ``fn``'s source pasted into a cell, renamed, with a no-op line added to its body."""
+    fn = guard._unwrap(fn)
+    source = textwrap.dedent(inspect.getsource(fn))
+    tree = _ast.parse(source)
+    node = tree.body[0]
+    lines = source.splitlines()
+    first = node.body[0]
+    skip_doc = isinstance(first, _ast.Expr) and isinstance(getattr(first, "value", None),
+                                                           _ast.Constant)
+    at = (first.end_lineno if skip_doc else first.lineno - 1)
+    indent = " " * node.body[-1].col_offset
+    lines.insert(at, indent + padding)
+    lines = lines[node.lineno - 1:]  # no decorators
+    text = "\n".join(lines).replace(f"def {fn.__name__}(", "def pasted(", 1)
+    scope = dict(fn.__globals__)
+    exec(compile("\n\n" + text, "<cell>", "exec"), scope)
+    return scope["pasted"]
+
+
+def _softmax_loss(params, X, y):
+    logits = ml.ops.matmul(X, params["W"]) + params["b"]
+    return ml.ops.cross_entropy(logits, y)
+
+
+def _cheat_answers(ex_id: str, transform):
+    """The exercise's answer(s) built from a library function or the grader's reference, with
+    ``transform`` (identity, _clone, _paste) applied to the function that does the work."""
+    from mlsys_lab.distributed import pipeline_parallel
+    from mlsys_lab.engine.passes import frontend
+    from mlsys_lab.grading import ch02, ch03, ch07, ch09, ch10
+    from mlsys_lab.recsys import metrics, sharding
+
+    if ex_id == "3.3":
+        ref = transform(ch03._ref_loss_grad)
+
+        def sgd_step(params, X, y, lr):
+            _, g = ref(params, X, y)
+            return {k: params[k] - lr * g[k] for k in params}
+        return (_softmax_loss, sgd_step)
+    if ex_id == "8.3":
+        from mlsys_lab.kernels import roofline
+        return (transform(roofline.tile_intensity),
+                lambda m, n, k, dtype_bytes: (m * k + k * n + m * n) * dtype_bytes,
+                transform(roofline.attainable))
+    work = {
+        "2.1": ch02._ref_epoch, "4.1": schedule.kahn, "6.3": frontend.cse,
+        "7.3": ch07._list_schedule, "9.3": ch09._reference_bottleneck, "10.1": ch10._bn_reference,
+        "11.2": pipeline_parallel.one_f_one_b_schedule, "13.2": metrics.recall_at_k,
+        "13.3": sharding.balanced_placement,
+    }[ex_id]
+    return (transform(work),)
+
+
+#: exercise -> the cases that test the idea (the cheat must score zero on them).
+IDEA_CASES = {
+    "2.1": None, "3.3": ("sgd_step is pure and correct",), "4.1": None, "6.3": None,
+    "7.3": None, "9.3": None, "10.1": None, "11.2": None, "13.2": None, "13.3": None,
+}
+
+
+def _idea_rows(result, ex_id):
+    names = IDEA_CASES.get(ex_id)
+    return [row for row in result.rows if names is None or row.name in names]
+
+
+def _passes_unguarded(ex_id, answers, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(probe, "Guard", _NoGuard)
+        result = run_cases(ex_id, *answers, seed=3)
+    rows = _idea_rows(result, ex_id)
+    assert rows and all(row.passed for row in rows), result.report()
+
+
+@pytest.mark.parametrize("ex_id", sorted(IDEA_CASES, key=lambda i: float(i)))
+def test_h1_a_clone_claiming_a_library_file_is_refused(ex_id, monkeypatch):
+    """H1: ``code.replace(co_filename=<stdlib path>)``, recursively, renamed or not."""
+    _passes_unguarded(ex_id, _cheat_answers(ex_id, lambda f: f), monkeypatch)
+    for transform in (_clone, functools.partial(_clone, name="my_own")):
+        result = run_cases(ex_id, *_cheat_answers(ex_id, transform), seed=3)
+        rows = _idea_rows(result, ex_id)
+        assert all(row.points == 0 for row in rows), result.report()
+        assert "off limits" in _feedback(result), result.report()
+
+
+def test_h1_a_library_module_compiled_under_a_stdlib_name_is_refused():
+    with open(schedule.__file__, encoding="utf-8") as f:
+        source = f.read()
+    scope = {"__name__": "mlsys_lab.engine.not_the_library", "__package__": "mlsys_lab.engine"}
+    exec(compile(source, STDLIB_FILE, "exec"), scope)
+    result = run_cases("97.1", scope["kahn"], seed=1)
+    assert result.score == 0 and "off limits" in _feedback(result), result.report()
+
+
+@pytest.mark.parametrize("ex_id", sorted(IDEA_CASES, key=lambda i: float(i)))
+def test_h2_a_paste_with_an_added_line_is_refused(ex_id, monkeypatch):
+    """H2: the reference (or library function) pasted with a no-op line: not one exact hash."""
+    _passes_unguarded(ex_id, _cheat_answers(ex_id, _paste), monkeypatch)
+    for padding in ("_unused = None", "_a = 1; _b = 2; _c = None"):
+        result = run_cases(ex_id, *_cheat_answers(
+            ex_id, functools.partial(_paste, padding=padding)), seed=3)
+        rows = _idea_rows(result, ex_id)
+        assert all(row.points == 0 for row in rows), result.report()
+        assert "is a copy of its code" in _feedback(result), result.report()
+
+
+def test_similarity_separates_copies_from_independent_answers():
+    """Independent answers stay far below the threshold; padded or renamed pastes above it."""
+    assert guard.similarity(honest_kahn.__code__, schedule.kahn.__code__) < 0.5
+    assert guard.similarity(_paste(schedule.kahn).__code__, schedule.kahn.__code__) == 1.0
+    renamed = _paste(schedule.kahn, "count_me = 0\n    count_me = count_me + 1")
+    assert guard.similarity(renamed.__code__, schedule.kahn.__code__) >= guard.SIMILAR
+
+
+# Independent correct answers, written for these tests (not copied from the references): they
+# must keep full marks under the guard.
+
+def kahn_with_deque(nodes, edges):
+    """4.1 with a Counter of in-degrees and a deque."""
+    from collections import Counter, deque
+    indegree = Counter(dst for _, dst in edges)
+    after = {}
+    for src, dst in edges:
+        after.setdefault(src, []).append(dst)
+    queue = deque(n for n in nodes if indegree[n] == 0)
+    order = []
+    while queue:
+        node = queue.popleft()
+        order.append(node)
+        for nxt in after.get(node, ()):
+            indegree[nxt] -= 1
+            if not indegree[nxt]:
+                queue.append(nxt)
+    if len(order) != len(nodes):
+        raise ml.CycleError(f"{len(nodes) - len(order)} nodes lie on a cycle")
+    return order
+
+
+def kahn_with_a_cursor(nodes, edges):
+    """4.1 with a growing list read by a cursor, and edge counts kept in a list."""
+    position = {n: i for i, n in enumerate(nodes)}
+    waiting = [0] * len(nodes)
+    targets = [[] for _ in nodes]
+    for src, dst in edges:
+        waiting[position[dst]] += 1
+        targets[position[src]].append(position[dst])
+    line = [i for i in range(len(nodes)) if waiting[i] == 0]
+    cursor = 0
+    while cursor < len(line):
+        for t in targets[line[cursor]]:
+            waiting[t] -= 1
+            if waiting[t] == 0:
+                line.append(t)
+        cursor += 1
+    if cursor < len(nodes):
+        raise ml.CycleError("the graph has a cycle")
+    return [nodes[i] for i in line]
+
+
+def recall_by_sets(retrieved, relevant, k):
+    """13.2, written from the definition."""
+    wanted = set(relevant)
+    if not wanted or k < 1:
+        raise ValueError("recall needs a relevant item and k >= 1")
+    hits = set()
+    for item in list(retrieved)[:k]:
+        if item in wanted:
+            hits.add(item)
+    return len(hits) / min(len(wanted), k)
+
+
+def schedule_by_events(graph, workers, cost):
+    """7.3 as an event simulation with a heap of finishing times (critical path first)."""
+    import heapq
+    ids = [n.id for n in graph.nodes]
+    preds = {n.id: {v.producer.id for v in n.inputs if v.producer is not None}
+             for n in graph.nodes}
+    children = {i: [] for i in ids}
+    for i, ps in preds.items():
+        for p in ps:
+            children[p].append(i)
+    height = {}
+    for i in reversed(ids):
+        height[i] = cost[i] + max([height[c] for c in children[i]] or [0.0])
+    waiting = {i: len(preds[i]) for i in ids}
+    ready = [(-height[i], i) for i in ids if waiting[i] == 0]
+    heapq.heapify(ready)
+    idle, running, done, t = list(range(workers)), [], {}, 0.0
+    while len(done) < len(ids):
+        while ready and idle:
+            _, i = heapq.heappop(ready)
+            w = idle.pop(0)
+            done[i] = (w, t, t + cost[i])
+            heapq.heappush(running, (t + cost[i], i, w))
+        t, i, w = heapq.heappop(running)
+        idle.append(w)
+        idle.sort()
+        for c in children[i]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                heapq.heappush(ready, (-height[c], c))
+        while running and running[0][0] == t:
+            _, j, v = heapq.heappop(running)
+            idle.append(v)
+            idle.sort()
+            for c in children[j]:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    heapq.heappush(ready, (-height[c], c))
+    return done
+
+
+@pytest.mark.parametrize("ex_id, answer", [
+    ("4.1", lambda: kahn_with_deque), ("4.1", lambda: kahn_with_a_cursor),
+    ("13.2", lambda: recall_by_sets), ("7.3", lambda: schedule_by_events),
+], ids=["4.1 deque", "4.1 cursor", "13.2 sets", "7.3 events"])
+def test_independent_answers_keep_full_marks(ex_id, answer):
+    for seed in (1, 2, 3):
+        result = run_cases(ex_id, answer(), seed=seed)
+        assert result.score == result.max, result.report()
+
+
+# H4 and H5: the result's way out and the probes' dependencies are sealed. ``guard.seal`` is what
+# the grader's first cell runs in a fresh kernel; ``probe.emit`` is what its hidden cell runs.
+
+SEAL_KEY = "test-seal"
+
+
+@pytest.fixture
+def sealed():
+    import builtins
+
+    def make(*ex_ids):
+        return guard.seal(SEAL_KEY, ex_ids)
+
+    yield make
+    vars(builtins).pop(guard._SEAL_NAME.format(SEAL_KEY), None)
+
+
+def _emit(ex_id, namespace, capsys, seed=5):
+    """Run the hidden cell's ``emit`` here; return the grader's verdict on what it sent."""
+    exercise = get_exercise(ex_id)
+    marker = "__MARK__"
+    capsys.readouterr()
+    probe.emit(ex_id, namespace, seed, marker, guard.plan_for(exercise), SEAL_KEY)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith(marker))
+    return judge_exercise(exercise, json.loads(line[len(marker):]), seed)
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError("stub")
+
+
+H4_EXERCISES = ["2.1", "3.3", "4.1", "6.3", "7.3", "8.3", "9.3", "10.1", "11.2", "13.2"]
+
+
+@pytest.mark.parametrize("ex_id", H4_EXERCISES)
+def test_h4_a_patched_json_dumps_cannot_forge_the_result(ex_id, sealed, capsys, monkeypatch):
+    """H4: the answers are stubs; ``json.dumps`` re-runs the probes with the library (outside
+    the guard) and swaps the cases in. The payload leaves through the sealed encoder, and the
+    changed ``json.dumps`` fails every case."""
+    exercise = get_exercise(ex_id)
+    cheat = _cheat_answers(ex_id, lambda f: f)
+    if ex_id != "3.3":  # the forger's answers are right (3.3's only on its idea case)
+        _passes_unguarded(ex_id, cheat, monkeypatch)
+    sealed(ex_id)
+    real_dumps = json.dumps
+
+    def forging_dumps(obj, *args, **kwargs):
+        if isinstance(obj, dict) and "marker" in obj and "cases" in obj:
+            with monkeypatch.context() as m:
+                m.setattr(probe, "Guard", _NoGuard)
+                honest = probe.run_exercise(exercise, cheat, obj["seed"])
+            obj = {**obj, "cases": honest["cases"]}
+        return real_dumps(obj, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", forging_dumps)
+    namespace = {target: _stub for target in exercise.targets}
+    result = _emit(ex_id, namespace, capsys)
+    assert result.score == 0, result.report()
+    assert all("changed `json.dumps`" in row.feedback for row in result.rows), result.report()
+
+
+def test_sealed_emit_keeps_full_marks_for_honest_answers(sealed, capsys):
+    sealed("4.1", "13.2")
+    for ex_id, answer in (("4.1", kahn_with_deque), ("13.2", recall_by_sets)):
+        namespace = {get_exercise(ex_id).targets[0]: answer}
+        result = _emit(ex_id, namespace, capsys)
+        assert result.score == result.max, result.report()
+
+
+def test_a_missing_seal_fails_every_case(sealed, capsys):
+    import builtins
+    sealed("4.1")
+    vars(builtins).pop(guard._SEAL_NAME.format(SEAL_KEY))
+    result = _emit("4.1", {"topological_sort": kahn_with_deque}, capsys)
+    assert result.score == 0 and "record of this kernel is gone" in _feedback(result)
+
+
+def _solution_source(notebook: str, name: str) -> dict:
+    nb = nbformat.read(ROOT / "solutions" / notebook, as_version=4)
+    scope = {}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.lstrip().startswith(("import", "from")):
+            exec(cell.source, scope)
+            break
+    source = next(c.source for c in nb.cells
+                  if c.cell_type == "code" and f"def {name}(" in c.source)
+    exec(source, scope)
+    return scope
+
+
+def test_h5_a_replaced_simulator_fails_the_case(sealed, capsys, monkeypatch):
+    """H5 (11.1): the probe's simulator, pipeline helpers and threading are the kernel's own
+    modules; replacing any of them (here with pass-through wrappers that could fake anything)
+    fails every case, while the honest answer keeps full marks."""
+    from mlsys_lab.distributed import pipeline_parallel, sim
+
+    answer = _solution_source("ch11_distributed_training.ipynb", "ring_allreduce")
+    sealed("11.1")
+    namespace = {"ring_allreduce": answer["ring_allreduce"]}
+    honest = _emit("11.1", namespace, capsys)
+    assert honest.score == honest.max, honest.report()
+    real_run = sim.run
+    replacements = [
+        (sim, "run", lambda *a, **k: real_run(*a, **k), "`mlsys_lab.distributed.sim.run`"),
+        (pipeline_parallel, "make_schedule", lambda *a, **k: None, "make_schedule"),
+        (threading.Thread, "run", lambda self: None, "threading.Thread.run"),
+        (sim.Cluster, "__init__", sim.Cluster.__init__, None),  # the same object: no change
+    ]
+    for owner, name, fake, where in replacements:
+        with monkeypatch.context() as m:
+            m.setattr(owner, name, fake)
+            result = _emit("11.1", namespace, capsys)
+        if where is None:
+            assert result.score == result.max, result.report()
+        else:
+            assert result.score == 0 and where in _feedback(result), result.report()
+
+
+def test_h5_swapping_a_functions_code_is_seen(sealed, capsys, monkeypatch):
+    from mlsys_lab.distributed import sim
+
+    sealed("4.1")
+    monkeypatch.setattr(sim.run, "__code__", (lambda *a, **k: None).__code__)
+    result = _emit("4.1", {"topological_sort": kahn_with_deque}, capsys)
+    assert result.score == 0 and "`mlsys_lab.distributed.sim.run`" in _feedback(result)
+
+
+# H10: threads started before a check cannot be watched on Python < 3.12.
+
+def test_h10_a_thread_pool_started_before_the_check_fails_it():
+    guard._local_seal()  # the kernel's threads are known before the notebook starts any
+    pool = ThreadPoolExecutor(1)
+    pool.submit(lambda: None).result()  # its worker is running, idle
+
+    def topological_sort(nodes, edges):
+        return pool.submit(schedule.kahn, nodes, edges).result()
+
+    try:
+        result = run_cases("97.1", topological_sort, seed=1)
+    finally:
+        pool.shutdown()
+    if sys.version_info < (3, 12):
+        assert result.score == 0 and "still running" in _feedback(result), result.report()
+    else:  # the hook reaches running threads too
+        assert result.score == 0 and "off limits" in _feedback(result), result.report()
+    assert run_cases("97.1", honest_kahn, seed=1).score == 1  # once it is shut down
+
+
+def test_h10_a_raw_thread_started_during_the_check_is_refused():
+    def topological_sort(nodes, edges):
+        out, done = [], threading.Event()
+
+        def work():
+            try:
+                out.append(schedule.kahn(nodes, edges))
+            finally:
+                done.set()
+        _thread.start_new_thread(work, ())
+        done.wait(5)
+        return out[0] if out else None
+
+    result = run_cases("97.1", topological_sort, seed=1)
+    assert result.score == 0 and "`_thread`" in _feedback(result), result.report()

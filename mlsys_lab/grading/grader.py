@@ -71,7 +71,7 @@ from mlsys_lab.grading.checks import (
 )
 from mlsys_lab.grading.guard import plan_for
 from mlsys_lab.grading.judge import judge_exercise
-from mlsys_lab.grading.probe import MIME
+from mlsys_lab.grading.probe import MIME, seal_cell
 from mlsys_lab.grading.wire import MAX_BYTES
 
 __all__ = ["ExerciseGrade", "GradeReport", "grade", "stop_all_kernels"]
@@ -110,7 +110,7 @@ def __mlsys_lab_probe(bundle, exercise, seed, marker, plan):
             return package
         return real_import(name, globals, locals, fromlist, 0)
 
-    load("mlsys_lab.grading.probe").emit(exercise, B.globals(), seed, marker, plan)
+    load("mlsys_lab.grading.probe").emit(exercise, B.globals(), seed, marker, plan, {key!r})
 
 
 try:
@@ -341,6 +341,12 @@ class _Run:
             if _on_kernel_start is not None:  # a class worker tells its parent at once
                 _on_kernel_start(self.pgid)
         client.start_new_kernel_client()
+        # Before any student cell: record what the checks rely on (guard.seal, issue 27).
+        self.seal_key = secrets.token_hex(16)
+        first = _Step("seal", 0, seal_cell(self.seal_key, list(self.prepared)))
+        self.execute(first, capture=False)
+        if first.status != "ok":
+            self.notes.append(f"the grader's first cell failed ({first.status}: {first.error})")
 
     def stop_kernel(self) -> None:
         client, pgid = self.client, self.pgid
@@ -375,7 +381,7 @@ class _Run:
             step.marker = secrets.token_hex(16)  # fresh for each step: unknown until it runs
             step.seed = secrets.randbelow(1_000_000)
             source = _BOOTSTRAP.format(bundle=bundle, exercise=step.exercise, seed=step.seed,
-                                       marker=step.marker, plan=plan)
+                                       marker=step.marker, plan=plan, key=self.seal_key)
         cell = nbformat.v4.new_code_cell(source)
         # If the interrupt does not stop the cell (the code swallows KeyboardInterrupt, or sits
         # in C code), kill the kernel a little later; at the wall-clock deadline, kill it anyway.

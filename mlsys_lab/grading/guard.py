@@ -43,6 +43,7 @@ the check (Python < 3.12 cannot watch those), is deliberate reverse engineering 
 from __future__ import annotations
 
 import dis
+import functools
 import gc
 import glob
 import hashlib
@@ -50,7 +51,6 @@ import importlib
 import inspect
 import os
 import sys
-import sysconfig
 import threading
 import types
 import weakref
@@ -176,23 +176,112 @@ def _identity(code: types.CodeType) -> tuple[str, int]:
     return fp, size
 
 
-_PATHS = sysconfig.get_paths()
-#: No answer cell writes code here: the installed Python and packages, and the grading package.
-_NOT_STUDENT_DIRS = tuple(sorted({os.path.realpath(_PATHS[k]) + os.sep for k in (
-    "stdlib", "platstdlib", "purelib", "platlib")} | {_GRADING_DIR + os.sep}))
-_NOT_STUDENT_CODE: dict[str, bool] = {}  # filename -> whether it is in _NOT_STUDENT_DIRS
+#: Untrusted code at least this big (normalised instructions) whose instruction stream equals a
+#: forbidden function's, under the same qualified name, is that function cloned
+#: (``code.replace(co_filename=...)``), whatever its size.
+CLONE = 12
+#: Jaccard similarity of instruction n-grams at or above which student code is a copy of a
+#: forbidden function (both at least ``DISTINCTIVE`` instructions). Independent answers to the
+#: chapters' exercises score at most about 0.45 against the references (see the tests); a paste
+#: with a few lines added, removed or renamed scores 0.8 and more.
+SIMILAR = 0.85
+_NGRAMS = (3, 4, 5)
+_PURE_LOADS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})
+_GRAMS: dict[int, tuple[Any, frozenset]] = {}  # id(code) -> (weakref to it, its n-grams)
+_CODE_OF_FP: dict[str, types.CodeType] = {}  # forbidden code seen by ``_entry``, by fingerprint
 
 
-def _may_be_a_copy(code: types.CodeType) -> bool:
-    """Whether ``code`` is worth fingerprinting: big enough, and not from ``_NOT_STUDENT_DIRS``."""
-    if len(code.co_code) < 2 * DISTINCTIVE:  # every instruction is at least 2 bytes
+def _tokens(code: types.CodeType) -> list[str]:
+    """A code object's instruction stream for similarity: local names, string constants, jump
+    targets and call-protocol details abstracted (so an added line shifts nothing), global and
+    attribute names and numbers kept."""
+    nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(
+        code.co_flags & 0x08)
+    args = {name: f"A{i}" for i, name in enumerate(code.co_varnames[:nargs])}
+    instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in _DROP]
+    read = set(code.co_cellvars) | set(code.co_freevars)
+    for ins in instructions:
+        if ins.opname in _LOCAL_OPS and _LOCAL_OPS[ins.opname] != "STORE":
+            read.update(ins.argval if isinstance(ins.argval, tuple) else (ins.argval,))
+    out = []
+    for k, ins in enumerate(instructions):
+        op, arg = ins.opname, ins.argval
+        nxt = instructions[k + 1] if k + 1 < len(instructions) else None
+        # Padding does not count: a value loaded and dropped (``x``), or stored in a local
+        # nothing reads (``_unused = None``).
+        if nxt is not None and op in _PURE_LOADS and (
+                nxt.opname == "POP_TOP" or (nxt.opname in ("STORE_FAST", "STORE_DEREF")
+                                            and nxt.argval not in read)):
+            continue
+        if op in ("POP_TOP", "STORE_FAST", "STORE_DEREF") and k and (
+                instructions[k - 1].opname in _PURE_LOADS) and (
+                op == "POP_TOP" or arg not in read):
+            continue
+        if op in _LOCAL_OPS:
+            names = arg if isinstance(arg, tuple) else (arg,)
+            out.append(f"{_LOCAL_OPS[op]} " + ",".join(args.get(n, "L") for n in names))
+        elif op in _GLOBAL_OPS:
+            out.append(f"{_GLOBAL_OPS[op]}_G {arg}")
+        elif isinstance(arg, types.CodeType):
+            out.append(f"{op} code")
+        elif ins.opcode in dis.hasconst:
+            out.append(f"{op} {_norm_const(arg) if not isinstance(arg, tuple) else 'tuple'}")
+        elif ins.opcode in _JUMPS:
+            out.append(op)
+        elif op in ("LOAD_CLOSURE", "PRECALL", "CALL", "KW_NAMES"):
+            out.append(op)
+        else:
+            out.append(f"{_RENAMED.get(op, op)} {arg!r}" if ins.arg is not None else op)
+    return out
+
+
+def shingles(code: types.CodeType) -> frozenset:
+    """The set of hashed instruction n-grams (n = 3, 4, 5 over ``_tokens``) of a code object,
+    computed once per code object."""
+    known = _GRAMS.get(id(code))
+    if known is not None and known[0]() is code:
+        return known[1]
+    tokens = _tokens(code)
+    grams = frozenset(hash(tuple(tokens[i:i + n])) for n in _NGRAMS
+                      for i in range(max(len(tokens) - n + 1, 0)))
+    key = id(code)
+    _GRAMS[key] = (weakref.ref(code, lambda _, key=key: _GRAMS.pop(key, None)), grams)
+    return grams
+
+
+def similarity(a: types.CodeType, b: types.CodeType) -> float:
+    """Jaccard similarity of two code objects' instruction n-grams (1.0: the same stream)."""
+    x, y = shingles(a), shingles(b)
+    return len(x & y) / len(x | y) if x or y else 1.0
+
+
+def _exact(code: types.CodeType) -> tuple:
+    """What a code object does, exactly: its bytes, constants and names (nested code included)."""
+    consts = tuple(_exact(c) if isinstance(c, types.CodeType) else (type(c).__name__, repr(c))
+                   for c in code.co_consts)
+    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars,
+            code.co_cellvars, code.co_flags, code.co_argcount, code.co_kwonlyargcount)
+
+
+_GRADER_OWN: dict[tuple, tuple] = {}  # where -> _exact of the grading package's code there
+
+
+def _grader_own(code: types.CodeType) -> bool:
+    """Whether ``code`` is the grading package's own code, compiled from its files as they are
+    on disk (the private copies the grader's hidden cell runs): same place, same bytes."""
+    filename = code.co_filename
+    if not _grading_file(filename):
         return False
-    name = code.co_filename
-    skip = _NOT_STUDENT_CODE.get(name)
-    if skip is None:
-        skip = not _synthetic(name) and os.path.realpath(name).startswith(_NOT_STUDENT_DIRS)
-        _NOT_STUDENT_CODE[name] = skip
-    return not skip
+    if not _GRADER_OWN.get(("loaded", filename)):
+        try:
+            with open(filename, encoding="utf-8") as f:
+                top = compile(f.read(), filename, "exec", dont_inherit=True)
+        except (OSError, SyntaxError, ValueError):
+            return False
+        for c in _codes(top):
+            _GRADER_OWN[_where(c)] = _exact(c)
+        _GRADER_OWN[("loaded", filename)] = ("loaded",)
+    return _GRADER_OWN.get(_where(code)) == _exact(code)
 
 
 def fingerprint(code: types.CodeType) -> str:
@@ -238,6 +327,7 @@ def _entry(code: types.CodeType, label: str) -> dict:
     """
     path, line, qualname = _where(code)
     fp, size = _identity(code)
+    _CODE_OF_FP.setdefault(fp, code)
     return {"label": label, "file": path, "line": line, "qualname": qualname, "size": size,
             "fp": fp, "distinctive": size >= DISTINCTIVE}
 
@@ -439,6 +529,295 @@ def _make_plan(exercise) -> dict:
     return {"task": task_of(exercise), "code": code, "builtins": builtin}
 
 
+# ----------------------------------------------------------------------------- the seal
+
+#: Modules whose functions and classes a probe, its judge's inputs or the result's way out rely
+#: on: the seal records them before any student cell runs and ``tampered`` says what changed.
+#: (``mlsys_lab.grading`` itself is not among them: the grader runs private copies of it.)
+SEALED_MODULES = ("mlsys_lab", "json", "threading", "_thread", "queue", "numpy", "builtins",
+                  "sys", "base64", "io", "math", "reprlib", "dataclasses", "functools",
+                  "concurrent", "IPython.display", "IPython.core.display_functions",
+                  "IPython.core.displaypub", "ipykernel.zmqshell", "ipykernel.iostream",
+                  "jupyter_client.session", "zmq.sugar.socket")
+_NOT_SEALED = ("mlsys_lab.grading",)
+#: Names the kernel itself sets and resets around each cell (ipykernel forwards ``input`` and
+#: installs its own hooks per request).
+_KERNEL_NAMES = {"builtins": frozenset({"exit", "quit", "get_ipython", "display", "input",
+                                        "raw_input", "_", "__", "___"}),
+                 "getpass": frozenset({"getpass"})}
+_SEAL_NAME = "__mlsys_lab_seal_{}__"
+_LOCAL_SEAL: dict | None = None
+
+
+def _sealed_name(name: str) -> bool:
+    return (any(name == m or name.startswith(m + ".") for m in SEALED_MODULES)
+            and not any(name == m or name.startswith(m + ".") for m in _NOT_SEALED))
+
+
+def _baseline() -> dict[int, types.CodeType]:
+    """Every code object the loaded modules hold (their functions, classes' methods, wrappers'
+    functions, nested code), by id: the code that is not the student's."""
+    found: dict[int, types.CodeType] = {}
+    seen: set[int] = set()
+
+    def add_code(code):
+        for c in _codes(code):
+            found[id(c)] = c
+
+    def visit(obj, depth=0):
+        if id(obj) in seen or depth > 6:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType):
+            add_code(obj.__code__)
+            inner = getattr(obj, "__wrapped__", None)
+            if inner is not None:
+                visit(inner, depth + 1)
+            return
+        if isinstance(obj, (staticmethod, classmethod, types.MethodType)):
+            visit(obj.__func__, depth + 1)
+            return
+        if isinstance(obj, property):
+            for f in (obj.fget, obj.fset, obj.fdel):
+                if f is not None:
+                    visit(f, depth + 1)
+            return
+        if isinstance(obj, type):
+            try:
+                members = list(vars(obj).values())
+            except TypeError:
+                return
+            for member in members:
+                visit(member, depth + 1)
+            return
+        # Wrappers (Numba dispatchers, partials, numpy's dispatchers, @graph_pass objects): read
+        # what they hold without getattr, which may import or create things (six, pytest.mark).
+        if isinstance(obj, functools.partial):
+            held = [obj.func]
+        elif type(obj).__name__ == "_ArrayFunctionDispatcher":
+            held = [getattr(obj, "_implementation", None)]
+        else:
+            try:
+                state = object.__getattribute__(obj, "__dict__")
+            except Exception:  # no instance dict
+                return
+            held = [state.get(n) for n in ("py_func", "func", "fn", "__wrapped__")
+                    if isinstance(state, dict)]
+        for inner in held:
+            if isinstance(inner, (types.FunctionType, type)):
+                visit(inner, depth + 1)
+
+    for module in list(sys.modules.values()):
+        try:
+            values = list(vars(module).values())
+        except TypeError:
+            continue
+        for value in values:
+            if isinstance(value, types.ModuleType):
+                continue
+            try:
+                visit(value)
+            except Exception:  # an exotic object whose attributes fail: not code
+                pass
+    return found
+
+
+def _snapshot_members(owner: Any) -> dict[str, tuple]:
+    """name -> (object, its __code__, its __defaults__, its __kwdefaults__) for every callable or
+    module in ``owner``'s namespace."""
+    out = {}
+    try:
+        items = list(vars(owner).items())
+    except TypeError:
+        return out
+    for name, value in items:
+        try:
+            if not (callable(value) or isinstance(value, (types.ModuleType, staticmethod,
+                                                          classmethod, property))):
+                continue
+        except Exception:  # an object whose __class__ lies
+            continue
+        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        code = getattr(fn, "__code__", None) if isinstance(fn, types.FunctionType) else None
+        defaults = (fn.__defaults__, fn.__kwdefaults__) if code is not None else (None, None)
+        out[name] = (value, code, *defaults)
+    return out
+
+
+def _channel_objects() -> list[tuple[str, Any]]:
+    """The objects a payload passes through on its way out of an IPython kernel."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if get is not None else None
+    if shell is None:
+        return []
+    pub = getattr(shell, "display_pub", None)
+    session = getattr(pub, "session", None)
+    socket = getattr(pub, "pub_socket", None)
+    return [(n, o) for n, o in (("the kernel's shell", shell), ("its display publisher", pub),
+                                ("its session", session), ("its socket", socket))
+            if o is not None]
+
+
+def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
+    """Record, before any student cell runs, what the grader's checks rely on in this kernel.
+
+    The grader runs this first in every kernel it starts. It imports the exercises' chapter
+    modules and forbidden functions (so their code is the library's own), then records: the code
+    objects the loaded modules hold (``_baseline``: any other code is the student's, whatever its
+    file name), the n-grams of every forbidden function, the threads already running, the
+    functions and classes of ``SEALED_MODULES`` (``tampered`` compares with them), the objects a
+    payload leaves through, and private references to the JSON encoder and the display publisher.
+    ``key`` (the grader's secret) names where it is kept for the hidden cells.
+    """
+    from mlsys_lab.grading.exercise import get_exercise
+    for ex_id in exercise_ids:
+        try:
+            exercise = get_exercise(ex_id)
+        except Exception:  # an unknown exercise: the grader reports it
+            continue
+        for spec in exercise.forbidden:
+            try:
+                _resolve(spec)
+            except Exception:  # a broken spec: the grader reports it when it plans
+                pass
+    forbidden = {_where(code): code for code in _CODE_OF_FP.values()}
+    forbidden.update((_where(ref), ref) for ref in _reference_codes())
+    import json.encoder
+    try:
+        from IPython.display import publish_display_data
+    except ImportError:
+        publish_display_data = None
+    modules = {name: (module, _snapshot_members(module)) for name, module in
+               list(sys.modules.items()) if module is not None and _sealed_name(name)}
+    classes = {}
+    for name, (_, members) in modules.items():
+        for value, *_ in members.values():
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                classes[f"{name}.{value.__qualname__}"] = (value, _snapshot_members(value))
+    channel = [(label, obj, type(obj), _snapshot_members(obj)) for label, obj in
+               _channel_objects()]
+    start = getattr(threading.Thread.start, "__code__", None)
+    state = {
+        "codes": _baseline(),
+        "forbidden": forbidden,
+        "grams": {},
+        "similar": {},
+        "threads": set(sys._current_frames()),
+        "modules": modules,
+        "classes": classes,
+        "channel": channel,
+        "encoder": json.encoder.JSONEncoder,
+        "publish": publish_display_data,
+        "thread_start": start,
+        "start_new_thread": tuple(getattr(sys.modules["_thread"], n) for n in (
+            "start_new_thread", "start_joinable_thread") if hasattr(sys.modules["_thread"], n)),
+        "keyed": key is not None,
+    }
+    if key is not None:
+        import builtins
+        vars(builtins)[_SEAL_NAME.format(key)] = state
+    return state
+
+
+def find_seal(key: str) -> dict | None:
+    """The seal the grader's first cell recorded under ``key``, or None."""
+    import builtins
+    state = vars(builtins).get(_SEAL_NAME.format(key))
+    return state if isinstance(state, dict) and state.get("keyed") else None
+
+
+def _local_seal() -> dict:
+    """For ``check()`` in a notebook (no grader): a seal taken the first time a guard is made."""
+    global _LOCAL_SEAL
+    if _LOCAL_SEAL is None:
+        _LOCAL_SEAL = seal()
+    return _LOCAL_SEAL
+
+
+def _changed(old: tuple, new: Any) -> bool:
+    value, code, defaults, kwdefaults = old
+    if new is not value:
+        return True
+    if code is not None:
+        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        return (fn.__code__ is not code or fn.__defaults__ is not defaults
+                or fn.__kwdefaults__ is not kwdefaults)
+    return False
+
+
+def tampered(state: dict) -> list[str]:
+    """What the notebook changed of what the seal recorded: a replaced module, function, method
+    or class, a function's code or defaults swapped, an object on the result's way out patched.
+    An empty list when nothing changed."""
+    found = []
+    missing = object()
+    for name, (module, members) in state["modules"].items():
+        if sys.modules.get(name, module) is not module:
+            found.append(f"`sys.modules[{name!r}]`")
+            continue
+        try:
+            now = vars(module)
+        except TypeError:
+            continue
+        for attr, old in members.items():
+            if attr in _KERNEL_NAMES.get(name, ()) or (name == "sys" and attr.endswith("hook")):
+                continue
+            if _changed(old, now.get(attr, missing)):
+                found.append(f"`{name}.{attr}`")
+    for name, (cls, members) in state["classes"].items():
+        now = vars(cls)
+        for attr, old in members.items():
+            if _changed(old, now.get(attr, missing)):
+                found.append(f"`{name}.{attr}`")
+        for attr, value in now.items():  # a method added that shadows a base class's
+            if attr not in members and callable(value) and any(
+                    attr in vars(base) for base in cls.__mro__[1:]):
+                found.append(f"`{name}.{attr}`")
+    for label, obj, kind, members in state["channel"]:
+        if type(obj) is not kind:
+            found.append(label)
+            continue
+        now = vars(obj)
+        for attr, old in members.items():
+            if _changed(old, now.get(attr, missing)):
+                found.append(f"{label}'s `{attr}`")
+        for attr, value in now.items():
+            if attr not in members and callable(value) and hasattr(kind, attr):
+                found.append(f"{label}'s `{attr}`")
+    return found
+
+
+def _trusted(state: dict, code: types.CodeType) -> bool:
+    """Whether ``code`` is not the student's: held by a module when the seal was taken, or the
+    grading package's own code as it is on disk."""
+    return state["codes"].get(id(code)) is code or _grader_own(code)
+
+
+def _similar(state: dict, code: types.CodeType, fps: Iterable[str]) -> list[str]:
+    """Those of the forbidden functions ``fps`` that ``code`` is a copy of (Jaccard similarity
+    of their n-grams at least ``SIMILAR``); each pair is compared once per kernel."""
+    known = state["similar"].get(id(code))
+    if known is None or known[0] is not code:
+        known = state["similar"][id(code)] = (code, {})  # holds it: its id is not reused
+    verdicts = known[1]
+    mine = None
+    for fp in fps:
+        if fp in verdicts:
+            continue
+        grams = state["grams"].get(fp)
+        if grams is None:
+            continue
+        mine = shingles(code) if mine is None else mine
+        n, m = len(mine), len(grams)
+        if not n or min(n, m) < SIMILAR * max(n, m):  # Jaccard <= min / max
+            verdicts[fp] = False
+            continue
+        common = len(mine & grams)
+        verdicts[fp] = common >= SIMILAR * (n + m - common)
+    return [fp for fp in fps if verdicts.get(fp)]
+
+
 # ----------------------------------------------------------------------------- enforcing it
 
 
@@ -503,8 +882,10 @@ class Guard:
         []
     """
 
-    def __init__(self, plan: dict):
+    def __init__(self, plan: dict, state: dict | None = None):
         self.task = plan.get("task", "this")
+        self._state = state if state is not None else _local_seal()
+        self._by_clone: dict[str, list[dict]] = {}  # fingerprint -> entries
         self._by_where: dict[tuple, str] = {}
         self._by_synthetic: dict[tuple, dict[str, str]] = {}  # where -> {fingerprint: label}
         self._by_fp: dict[str, str] = {}
@@ -516,6 +897,14 @@ class Guard:
                 self._by_where[where] = e["label"]
             if e["distinctive"]:
                 self._by_fp.setdefault(e["fp"], e["label"])
+            if e["size"] >= CLONE:
+                self._by_clone.setdefault(e["fp"], []).append(e)
+        grams, known = self._state["grams"], self._state["forbidden"]
+        for e in plan["code"]:  # the n-grams of each big forbidden function, once per kernel
+            if e["distinctive"] and e["fp"] not in grams:
+                code = known.get((e["file"], e["line"], e["qualname"])) or _CODE_OF_FP.get(e["fp"])
+                if code is not None:
+                    grams[e["fp"]] = shingles(code)
         self._c_funcs: dict[str, dict[str, str]] = {}
         for e in plan.get("builtins", ()):
             self._c_funcs.setdefault(e["name"], {})[e["owner"]] = e["label"]
@@ -530,24 +919,50 @@ class Guard:
         self._entry_points: dict[int, tuple[Any, tuple[str, str]]] = {}
         self._dispatch_codes: dict[int, types.CodeType] = {}
         self._found: list | None = None
+        self._spawners = _IdentitySet(self._state["start_new_thread"])
         self.hook = self._hook  # one bound-method object, so ``sys.getprofile() is`` works
 
     # -- matching -------------------------------------------------------------------------
 
     def _label(self, code: types.CodeType) -> tuple[str, str] | None:
-        """(label, note) when ``code`` is forbidden: its origin matches, or it is a copy."""
+        """(label, note) when ``code`` is forbidden: its origin matches, or it is a copy.
+
+        Code the seal does not know is the student's, whatever file name it claims: it is
+        refused when its instruction stream is a forbidden function's under the same name (a
+        clone made with ``code.replace``), or when it is similar to a big one (a pasted copy).
+        """
         where = _where(code)
         label = self._by_where.get(where)
         if label is None and where in self._by_synthetic:
             label = self._by_synthetic[where].get(fingerprint(code))
         if label is not None:
             return label, ""
-        if self._by_fp and _may_be_a_copy(code):
-            fp, size = _identity(code)
-            label = self._by_fp.get(fp) if size >= DISTINCTIVE else None
-            if label is not None:
-                name = where[2].rpartition("<locals>.")[2]
-                return label, f" (your `{name}` is a copy of its code)"
+        if not (self._by_fp or self._by_clone) or _trusted(self._state, code):
+            return None
+        if len(code.co_code) < 2 * CLONE:  # every instruction is at least 2 bytes
+            return None
+        name = where[2].rpartition("<locals>.")[2]
+        fp, size = _identity(code)
+        label = self._clone_of(code, fp, where[2])
+        if label is None and size >= DISTINCTIVE and self._by_fp:
+            label = self._by_fp.get(fp)
+            if label is None:
+                matches = _similar(self._state, code, self._by_fp)
+                label = self._by_fp[matches[0]] if matches else None
+        if label is not None:
+            return label, f" (your `{name}` is a copy of its code)"
+        return None
+
+    def _clone_of(self, code: types.CodeType, fp: str, qualname: str) -> str | None:
+        """The label of the forbidden function ``code`` is a clone of: the same instruction
+        stream under the same name, or the very same bytes, constants and names."""
+        for e in self._by_clone.get(fp, ()):
+            if e["qualname"] == qualname:
+                return e["label"]
+            original = self._state["forbidden"].get((e["file"], e["line"], e["qualname"]))
+            original = original or _CODE_OF_FP.get(fp)
+            if original is not None and _exact(original) == _exact(code):
+                return e["label"]
         return None
 
     def _classify(self, code: types.CodeType) -> tuple:
@@ -598,6 +1013,10 @@ class Guard:
                 return
             self._refuse(label, tamper=kind == _TAMPER)
         elif event == "c_call":
+            if arg in self._spawners and frame.f_code is not self._state["thread_start"]:
+                self._violation("your code started a thread with `_thread`, which the check "
+                                "cannot watch; the check cannot trust this result (use "
+                                "`threading.Thread`)")
             if id(arg) in self._watched_c and self._watched_c[id(arg)][0] is arg:
                 self._refuse(self._watched_c[id(arg)][1], tamper=True)
             if id(arg) in self._entry_points and self._entry_points[id(arg)][0] is arg:
@@ -694,11 +1113,32 @@ class Guard:
         """A context manager: the guard is on inside it; ``self.violations`` says what happened."""
         return _Window(self)
 
+    def _running_threads(self) -> list[str]:
+        """Threads started since the seal (not the kernel's, nor tqdm's monitor) that are
+        running now: before Python 3.12 no profile hook can be given to them."""
+        me = threading.get_ident()
+        found = []
+        for ident in list(sys._current_frames()):
+            if ident == me or ident in self._state["threads"]:
+                continue
+            thread = threading._active.get(ident)
+            if not _kernel_thread(thread):
+                found.append(f"`{getattr(thread, 'name', ident)}`")
+        return found
+
     def _start(self) -> None:
         global _ACTIVE
         self.violations = []
         self._lifted = 0
         self._thread = threading.get_ident()
+        if not hasattr(threading, "setprofile_all_threads"):  # before Python 3.12
+            running = self._running_threads()
+            if running:
+                self._violation(
+                    f"a thread your notebook started before the check is still running "
+                    f"({', '.join(running[:3])}); on Python {sys.version_info[0]}."
+                    f"{sys.version_info[1]} the check cannot watch it, so it cannot trust this "
+                    f"result (join or shut down your threads and pools before the check)")
         self._seen = {}
         self._dispatch_codes = {}
         self._entry_points = {}
@@ -766,6 +1206,34 @@ def _c_label(builtin, owners: dict[str, str]) -> str | None:
         if same:
             return label
     return None
+
+
+#: Packages whose own threads (their classes, or ``Thread``s running their methods) start after
+#: the seal: the kernel's output pipes and zmq's garbage collector, tqdm's monitor.
+_KERNEL_PACKAGES = ("ipykernel", "zmq", "IPython", "jupyter_client", "tqdm")
+
+
+def _kernel_thread(thread: Any) -> bool:
+    """Whether a running thread is the kernel's (or tqdm's), not one the notebook started."""
+    def ours(kind: type) -> bool:
+        return getattr(kind, "__module__", "").partition(".")[0] in _KERNEL_PACKAGES
+
+    kind = type(thread)
+    if ours(kind):
+        return True
+    target = getattr(thread, "_target", None)
+    owner = getattr(target, "__self__", None)
+    return kind is threading.Thread and owner is not None and ours(type(owner))
+
+
+class _IdentitySet:
+    """``x in s`` by identity (C functions compare equal to copies bound elsewhere)."""
+
+    def __init__(self, items: Iterable[Any]):
+        self._ids = {id(x): x for x in items}
+
+    def __contains__(self, item: Any) -> bool:
+        return self._ids.get(id(item), self) is item
 
 
 class _Window:

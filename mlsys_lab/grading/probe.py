@@ -20,10 +20,10 @@ import sys
 from typing import Any, Sequence
 
 from mlsys_lab.grading.exercise import _lookup, _run_case, _takes_seed, describe_error, get_exercise
-from mlsys_lab.grading.guard import Guard, OffLimitsError, plan_for
+from mlsys_lab.grading.guard import Guard, OffLimitsError, find_seal, plan_for, tampered
 from mlsys_lab.grading.wire import MAX_BYTES, WireError, encode
 
-__all__ = ["MIME", "emit", "run_exercise"]
+__all__ = ["MIME", "emit", "run_exercise", "seal_cell"]
 
 #: The display-data type that carries a payload from the kernel to the grader.
 MIME = "application/vnd.mlsys-lab.probe+json"
@@ -33,7 +33,7 @@ def _call(fn, answers: Sequence[Any], seed: int):
     return fn(*answers, seed=seed) if _takes_seed(fn) else fn(*answers)
 
 
-def _probe_case(case, answers: Sequence[Any], seed: int, guard: Guard) -> dict:
+def _probe_case(case, answers: Sequence[Any], seed: int, guard: Guard, dumps=json.dumps) -> dict:
     record = {"name": case.name, "kind": "probe"}
     error: BaseException | None = None
     data = None
@@ -53,7 +53,7 @@ def _probe_case(case, answers: Sequence[Any], seed: int, guard: Guard) -> dict:
         return {**record, "status": "error", "feedback": str(error)}
     if error is not None:
         return {**record, "status": "error", "feedback": describe_error(error)}
-    size = len(json.dumps(data))
+    size = len(dumps(data))
     if size > MAX_BYTES:
         feedback = (f"the result is too large to send to the grader ({size / 2**20:.0f} MiB; "
                     f"at most {MAX_BYTES / 2**20:.0f} MiB)")
@@ -61,7 +61,8 @@ def _probe_case(case, answers: Sequence[Any], seed: int, guard: Guard) -> dict:
     return {**record, "status": "ok", "value": data}
 
 
-def run_exercise(exercise, answers: Sequence[Any] | str, seed: int, plan: dict | None = None):
+def run_exercise(exercise, answers: Sequence[Any] | str, seed: int, plan: dict | None = None,
+                 state: dict | None = None):
     """Run every case's probe (or legacy ``fn``) on the answers; return the payload dict.
 
     Args:
@@ -69,11 +70,21 @@ def run_exercise(exercise, answers: Sequence[Any] | str, seed: int, plan: dict |
         answers: the student's object(s), or a message saying why they could not be found.
         seed: passed to probes that take one.
         plan: the guard plan (the grader sends its own); default: computed here.
+        state: the seal the grader recorded before the notebook ran (``guard.seal``): what the
+            guard trusts, and what must not have changed before and after the probes run (a
+            change fails every case). Default: ``check()``'s own, without that comparison.
     """
     records = []
     guard = None
+    dumps = json.dumps
+    if state is not None:
+        encoder = state["encoder"](ensure_ascii=True, allow_nan=False)
+        dumps = encoder.encode
+        changed = tampered(state)
+        if changed:
+            answers = _tamper_message(changed)
     if any(not case.legacy for case in exercise.cases) and not isinstance(answers, str):
-        guard = Guard(plan if plan is not None else plan_for(exercise))
+        guard = Guard(plan if plan is not None else plan_for(exercise), state)
     for case in exercise.cases:
         if isinstance(answers, str):
             kind = "legacy" if case.legacy else "probe"
@@ -84,31 +95,63 @@ def run_exercise(exercise, answers: Sequence[Any] | str, seed: int, plan: dict |
             records.append({"name": case.name, "kind": "legacy", "passed": row.passed,
                             "feedback": row.feedback})
         else:
-            records.append(_probe_case(case, answers, seed, guard))
+            records.append(_probe_case(case, answers, seed, guard, dumps))
+    if state is not None and not isinstance(answers, str):
+        changed = tampered(state)  # the probes ran the student's code: look again
+        if changed:
+            message = _tamper_message(changed)
+            records = [{"name": r["name"], "kind": r["kind"], "status": "error", "passed": False,
+                        "feedback": message} for r in records]
     return {"exercise": exercise.id, "seed": seed, "cases": records}
 
 
-def emit(exercise_id: str, namespace: dict, seed: int, marker: str, plan: dict) -> None:
+def _tamper_message(changed: list[str]) -> str:
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return (f"your notebook changed {', '.join(changed[:3])}{more}, which the check relies on; "
+            f"the check cannot trust this result")
+
+
+def seal_cell(key: str, exercise_ids: Sequence[str]) -> str:
+    """The source of the grader's first cell in a kernel: ``guard.seal(key, exercise_ids)``, run
+    before any student cell (from the kernel's own, still untouched, grading modules)."""
+    return ("def __mlsys_lab_seal():\n"
+            "    import mlsys_lab.grading.guard as guard\n"
+            f"    guard.seal({key!r}, {list(map(str, exercise_ids))!r})\n\n\n"
+            "try:\n    __mlsys_lab_seal()\nfinally:\n    del __mlsys_lab_seal\n")
+
+
+def emit(exercise_id: str, namespace: dict, seed: int, marker: str, plan: dict,
+         key: str | None = None) -> None:
     """Probe the answer in ``namespace`` and publish the payload for the grader (its hidden cell).
 
     The payload goes out as one display-data message of type ``MIME`` carrying ``marker`` (the
-    grader's fresh secret for this step), never as printed text.
+    grader's fresh secret for this step), never as printed text. ``key`` names the seal the
+    grader's first cell recorded (``seal_cell``); the payload is then written with the JSON
+    encoder and sent with the publisher the seal holds, not the kernel's current ones.
     """
+    state = find_seal(key) if key is not None else None
     try:
         exercise = get_exercise(exercise_id)
         try:
             answers: Sequence[Any] | str = [_lookup(namespace, t) for t in exercise.targets]
         except Exception as error:  # a missing name, or a dotted attribute that isn't there
             answers = str(error)
-        payload = run_exercise(exercise, answers, seed, plan)
+        if key is not None and state is None:
+            answers = ("the grader's record of this kernel is gone (your notebook removed or "
+                       "replaced it); the check cannot trust this result")
+        payload = run_exercise(exercise, answers, seed, plan, state)
     except Exception as error:  # an unknown exercise; the grader reports it
         payload = {"exercise": str(exercise_id), "error": f"{type(error).__name__}: {error}"}
     payload["marker"] = marker
-    text = json.dumps(payload, ensure_ascii=True, allow_nan=False)
-    try:
-        from IPython.display import publish_display_data
-    except ImportError:  # not in a Jupyter kernel: print it instead
-        publish_display_data = None
+    if state is not None:
+        text = state["encoder"](ensure_ascii=True, allow_nan=False).encode(payload)
+        publish_display_data = state["publish"]
+    else:
+        text = json.dumps(payload, ensure_ascii=True, allow_nan=False)
+        try:
+            from IPython.display import publish_display_data
+        except ImportError:  # not in a Jupyter kernel: print it instead
+            publish_display_data = None
     if publish_display_data is None or not _in_kernel():
         sys.stdout.write(f"\n{marker}{text}\n")
     else:
