@@ -35,7 +35,9 @@ Storage dtypes promote only with themselves (``promote(bf16, bf16) == bf16``); w
 other dtype :func:`promote` raises a DTypeError.
 """
 
-import ml_dtypes
+import sys
+import threading
+
 import numpy as np
 
 from ..errors import DTypeError, DTypeOverflowError
@@ -50,14 +52,6 @@ STORAGE_SHORT = {"bfloat16": "bf16", "float8_e4m3fn": "f8e4m3", "float8_e4m3fnuz
                  "uint4": "u4", "int2": "i2", "uint2": "u2"}
 #: The dtypes every computing op takes.
 COMPUTE = tuple(np.dtype(d) for d in SHORT)
-#: The dtypes Tensors hold but only data-movement and conversion ops take.
-STORAGE = tuple(np.dtype(getattr(ml_dtypes, d)) for d in STORAGE_SHORT)
-#: Every supported dtype.
-SUPPORTED = COMPUTE + STORAGE
-#: The storage formats that are floating (the rest are the sub-byte integers).
-STORAGE_FLOATS = tuple(d for d in STORAGE if not d.name.startswith(("int", "uint")))
-# Membership tests run on every op call: hashed sets (a tuple compares dtypes one by one).
-_STORAGE_SET, _STORAGE_FLOAT_SET = frozenset(STORAGE), frozenset(STORAGE_FLOATS)
 _FLOATS = frozenset({np.dtype("float16"), np.dtype("float32"), np.dtype("float64")})
 _ALL_SHORT = {**SHORT, **STORAGE_SHORT}
 
@@ -73,31 +67,133 @@ uint32 = np.dtype("uint32")
 uint64 = np.dtype("uint64")
 int8 = np.dtype("int8")
 bool_ = np.dtype("bool")
-bfloat16 = np.dtype(ml_dtypes.bfloat16)
-float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
-float8_e4m3fnuz = np.dtype(ml_dtypes.float8_e4m3fnuz)
-float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
-float8_e5m2fnuz = np.dtype(ml_dtypes.float8_e5m2fnuz)
-float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
-float4_e2m1fn = np.dtype(ml_dtypes.float4_e2m1fn)
-int4 = np.dtype(ml_dtypes.int4)
-uint4 = np.dtype(ml_dtypes.uint4)
-int2 = np.dtype(ml_dtypes.int2)
-uint2 = np.dtype(ml_dtypes.uint2)
-_BY_NAME = {d.name: d for d in SUPPORTED}
-_BY_NAME.update({_ALL_SHORT[d.name]: d for d in SUPPORTED if _ALL_SHORT[d.name] != "bool"})
+_BY_NAME = {d.name: d for d in COMPUTE}
+_BY_NAME.update({SHORT[d.name]: d for d in COMPUTE if SHORT[d.name] != "bool"})
+
+# --- the storage dtypes, made on first use -------------------------------------------------
+# Importing ml_dtypes costs about a second (its compiled extension registers the dtypes with
+# numpy), most of `import mlsys_lab`, and only the storage dtypes need it. So the names below
+# (STORAGE, STORAGE_FLOATS, SUPPORTED, bfloat16, float8_e4m3fn, ..., uint2) are made by
+# _load_storage() the first time one is read (module __getattr__), a storage name is given
+# (as_dtype("bf16")) or anyone imports ml_dtypes (_OnMlDtypesImport: its dtypes exist only from
+# then on, so an array the user made with ml_dtypes is known before it reaches an op).
+# Membership tests run on every op call: hashed sets (a tuple compares dtypes one by one),
+# filled in place when the dtypes are made, so the hot path stays one set lookup.
+_STORAGE_SET, _STORAGE_FLOAT_SET = set(), set()
+#: Whether the storage dtypes are still to be made.
+_UNLOADED = True
+_LOAD_LOCK = threading.RLock()
+_STORAGE_NAMES = frozenset(STORAGE_SHORT) | frozenset(STORAGE_SHORT.values())
+_LAZY_NAMES = frozenset(STORAGE_SHORT) | {"STORAGE", "STORAGE_FLOATS", "SUPPORTED", "ml_dtypes"}
+#: numpy numbers user-defined dtypes from NPY_USERDEF on; ml_dtypes' are all such.
+_USERDEF = 256
+
+
+def _load_storage(ml_dtypes=None):
+    """Import ml_dtypes (unless given the module) and make the storage dtypes and the tuples
+    that hold them (idempotent, thread-safe)."""
+    global _UNLOADED
+    if not _UNLOADED:
+        return
+    if ml_dtypes is None:
+        import ml_dtypes  # outside the lock: the import itself calls back here
+    with _LOAD_LOCK:
+        if not _UNLOADED:
+            return
+        storage = tuple(np.dtype(getattr(ml_dtypes, d)) for d in STORAGE_SHORT)
+        floats = tuple(d for d in storage if not d.name.startswith(("int", "uint")))
+        names = globals()
+        names.update({name: d for name, d in zip(STORAGE_SHORT, storage)})
+        names.update(ml_dtypes=ml_dtypes, STORAGE=storage, STORAGE_FLOATS=floats,
+                     SUPPORTED=COMPUTE + storage)
+        _BY_NAME.update({d.name: d for d in storage})
+        _BY_NAME.update({STORAGE_SHORT[d.name]: d for d in storage})
+        _STORAGE_FLOAT_SET.update(floats)
+        _STORAGE_SET.update(storage)
+        _UNLOADED = False
+
+
+class _OnMlDtypesImport:
+    """An entry of ``sys.meta_path`` that makes the storage dtypes right after anyone imports
+    ml_dtypes (it finds the module with the finders after it and runs ``_load_storage`` when the
+    module has run), then leaves ``sys.meta_path``."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != "ml_dtypes":
+            return None
+        cls.remove()
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _load_storage(module)
+
+        loader.exec_module = exec_module  # this module's own loader object
+        return spec
+
+    @classmethod
+    def remove(cls):
+        """Leave ``sys.meta_path`` (idempotent)."""
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not cls]
+
+
+if "ml_dtypes" in sys.modules:  # imported already: making the dtypes costs nothing more
+    _load_storage(sys.modules["ml_dtypes"])
+elif _OnMlDtypesImport not in sys.meta_path:
+    sys.meta_path.insert(0, _OnMlDtypesImport)
+
+
+def __getattr__(name):
+    """The storage dtypes' names (``dtypes.bfloat16``, ``dtypes.STORAGE``, ``dtypes.SUPPORTED``,
+    ...), made on first use."""
+    if name in _LAZY_NAMES:
+        _load_storage()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _LAZY_NAMES)
+
+
+def _in_storage(dt, members):
+    """``dt in members`` (one of the storage sets). A safety net for paths off the ops' hot one:
+    a user-defined numpy dtype (as ml_dtypes' are) met while the storage dtypes are not made
+    (ml_dtypes imported past :class:`_OnMlDtypesImport`, by an import hook placed before it)
+    makes them first."""
+    if dt in members:
+        return True
+    if _UNLOADED and getattr(dt, "num", 0) >= _USERDEF:
+        _load_storage()
+        return dt in members
+    return False
 
 
 def as_dtype(d, op="tensor"):
     """Normalise ``d`` (a name such as ``"float32"``, ``"bfloat16"`` or a short name such as
     ``"bf16"``, a numpy dtype or type) to a supported numpy dtype."""
-    if isinstance(d, str) and d in _BY_NAME:
-        return _BY_NAME[d]
+    if isinstance(d, str):
+        if d in _BY_NAME:
+            return _BY_NAME[d]
+        if _UNLOADED and d in _STORAGE_NAMES:
+            _load_storage()
+            return _BY_NAME[d]
     try:
         dt = np.dtype(d)
     except TypeError as e:
         raise DTypeError(f"{op}: {d!r} is not a dtype") from e
-    if dt not in _BY_NAME.values():
+    if dt not in _BY_NAME.values() and not _in_storage(dt, _STORAGE_SET):
         names = ", ".join(_ALL_SHORT)
         raise DTypeError(f"{op}: dtype {dt} is not supported (supported: {names})")
     return dt
@@ -117,19 +213,20 @@ def is_float(dt):
 
 def is_storage(dt):
     """Whether ``dt`` is a storage-only dtype (bfloat16, float8, float4, int4/2, uint4/2)."""
-    return np.dtype(dt) in _STORAGE_SET
+    return _in_storage(np.dtype(dt), _STORAGE_SET)
 
 
 def is_storage_float(dt):
     """Whether ``dt`` is one of the floating storage formats (bfloat16, float8, float4)."""
-    return np.dtype(dt) in _STORAGE_FLOAT_SET
+    return _in_storage(np.dtype(dt), _STORAGE_FLOAT_SET)
 
 
 def refuse_storage(op_name, avals):
     """Raise the DTypeError for an op that does not take storage dtypes given one."""
     for a in avals:
         dt = getattr(a, "dtype", None)
-        if dt is not None and (dt if isinstance(dt, np.dtype) else np.dtype(dt)) in _STORAGE_SET:
+        if dt is not None and _in_storage(dt if isinstance(dt, np.dtype) else np.dtype(dt),
+                                          _STORAGE_SET):
             raise DTypeError(f"{op_name}: dtype {np.dtype(dt).name} ({short(dt)}) is a storage "
                              f"dtype that only data-movement and conversion ops take; cast it "
                              f"first, e.g. ml.ops.cast(x, 'float32')")
@@ -158,12 +255,15 @@ def check_storage_range(data, dt, op="tensor"):
         DTypeOverflowError: naming ``op``, the value and the dtype's range.
     """
     dt = np.dtype(dt)
-    if dt not in _STORAGE_SET or dt in _STORAGE_FLOAT_SET or isinstance(data, np.ndarray):
+    if not _in_storage(dt, _STORAGE_SET) or dt in _STORAGE_FLOAT_SET or isinstance(
+            data, np.ndarray):
         return
     try:
         values = np.asarray(data, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
         return  # not numeric: the conversion itself reports it
+    import ml_dtypes  # imported already: dt is one of its dtypes
+
     info = ml_dtypes.iinfo(dt)
     bad = values[(values < info.min) | (values > info.max)]
     if bad.size:
@@ -186,7 +286,7 @@ def promote(a, b):
     if a == b:
         return a
     for d in (a, b):
-        if d in _STORAGE_SET:
+        if d in _STORAGE_SET or _UNLOADED and d.num >= _USERDEF and _in_storage(d, _STORAGE_SET):
             raise DTypeError(f"promote: {a.name} with {b.name}: the storage dtype {d.name} "
                              f"promotes with no other dtype; cast first")
     if a == bool_ or b == bool_:
