@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
+from nbclient import NotebookClient
 
 from mlsys_lab.cli import main
-from mlsys_lab.grading import builder
+from mlsys_lab.grading import builder, grader
 from mlsys_lab.grading.checks import (
     UnknownExerciseError,
     check,
@@ -23,7 +25,9 @@ from mlsys_lab.grading.checks import (
     run_cases,
     run_cases_json,
 )
-from mlsys_lab.grading.grader import grade
+from mlsys_lab.grading.commands import ungradable
+from mlsys_lab.grading.exercise import check_cell_name_error, compact
+from mlsys_lab.grading.grader import ExerciseGrade, GradeReport, grade
 
 from .processes import alive, descendants
 
@@ -124,6 +128,80 @@ def test_unknown_exercises_raise_a_clear_key_error():
 def test_wrong_number_of_answers_fails_every_case(capsys):
     result = check("0.1")
     assert result.score == 0 and "expects 1 answer(s): square" in capsys.readouterr().out
+
+
+def test_check_prints_a_message_shared_by_several_cases_once(capsys):
+    def fib(n):
+        raise NotImplementedError("Exercise 0.2: write fib")
+
+    check("0.2", fib)
+    out = capsys.readouterr().out
+    assert out.count("NotImplementedError") == 1, out
+    assert "3 of 3 cases failed: raised NotImplementedError: Exercise 0.2: write fib" in out
+
+    def mean(xs):  # two cases share the stub's message, the third says more
+        raise NotImplementedError("Exercise 0.3: write mean")
+
+    check("0.3", mean)
+    out = capsys.readouterr().out
+    assert out.count("(line") == 1 and "  [1] raised NotImplementedError" in out, out
+    assert out.count("  [1]") == 3 and "mean([]) raised NotImplementedError" in out, out
+
+
+def test_check_shows_numbers_compactly(capsys):
+    check("0.1", lambda x: x * x * (1 + 1e-7), seed=5)
+    out = capsys.readouterr().out
+    assert re.search(r"\d\.\d{8,}", out) is None, out  # no float printed to 16 digits
+    assert "returned 9.000001, expected 9" in out, out  # a difference is never rounded away
+    assert len(max(out.splitlines(), key=len)) < 100, out
+
+
+def test_compact_shortens_floats_and_long_lists_but_keeps_differences():
+    assert compact("costs {'a': 0.0012345678901234567, 'b': 1.5}") == \
+        "costs {'a': 0.00123457, 'b': 1.5}"
+    assert compact("got 0.30000000000000004, expected 0.3") == \
+        "got 0.30000000000000004, expected 0.3"
+    assert compact("got 3.00000000001, expected 9") == "got 3.0, expected 9"
+    assert compact(f"got {list(range(100))}") == "got [0, 1, 2, 3, 4, …, 98, 99] (100 items)"
+    assert compact("['a b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j']") == \
+        "['a b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j']"  # only numbers are summarised
+    assert compact("exercise 9.1, mlsys-lab 1.2.3, 1e-12") == "exercise 9.1, mlsys-lab 1.2.3, 1e-12"
+
+
+def test_grade_table_collapses_each_repeated_message():
+    stub = "raised NotImplementedError: Exercise 9.2: start at epoch 0 (line 6, in __init__)"
+    rows = [{"name": f"case {k}", "passed": False, "feedback": stub} for k in range(5)]
+    rows.append({"name": "errors", "passed": False, "feedback": "ShardSampler(10, 4, 4) gave x"})
+    rows.append({"name": "fine", "passed": True, "feedback": ""})
+    assert grader._summary(rows) == (
+        f"5 of 7 cases failed: {stub}; errors: ShardSampler(10, 4, 4) gave x")
+    rows = [{"name": "a", "passed": False, "feedback": "returned 0.30000000000000004, expected 1"}]
+    assert grader._summary(rows) == "a: returned 0.3, expected 1"
+
+
+def test_a_check_cell_run_before_its_answer_says_so(no_leftover_processes):
+    cells = ["from mlsys_lab.grading.checks import check", 'check("0.1", square)',
+             "undefined_thing + 1", "def square(x):\n    return x * x", 'check("0.1", square)']
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, allow_errors=True, kernel_name="python3", timeout=60).execute()
+    [early] = nb.cells[1].outputs
+    assert early.output_type == "error" and early.ename == "NameError"
+    assert early.evalue == "run the answer cell of 0.1 above first (name 'square' is not defined)"
+    assert early.traceback == [f"NameError: {early.evalue}"]  # no bare traceback
+    [other] = nb.cells[2].outputs  # any other NameError keeps IPython's usual traceback
+    assert other.evalue == "name 'undefined_thing' is not defined" and len(other.traceback) > 1
+    assert "Score: 3/3" in nb.cells[4].outputs[0].text
+
+
+def test_check_cell_name_error_names_the_missing_answer():
+    def error(name):
+        return NameError(f"name {name!r} is not defined", name=name)
+
+    assert check_cell_name_error(error("ShardSampler"), 'check("9.2", ShardSampler)') == (
+        "run the answer cell of 9.2 above first (name 'ShardSampler' is not defined)")
+    assert "first code cell" in check_cell_name_error(error("check"), 'check("9.2", f)')
+    assert check_cell_name_error(error("f"), "f(3)") == ""  # not a check cell
+    assert check_cell_name_error(error("g"), 'check("9.2", f)') == ""  # g is not the answer
 
 
 def test_run_cases_json_prints_one_marked_line(capsys):
@@ -398,7 +476,13 @@ def test_cli_grade_json(tmp_path, capsys, no_leftover_processes):
     path = tmp_path / "my homework.ipynb"
     nbformat.write(nb, path)
     assert main(["grade", str(path), "--json", "--cell-timeout", "10", "--timeout", "60"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)  # progress goes to stderr: stdout is one JSON document
+    progress = captured.err.splitlines()
+    assert "starting a kernel" in progress[1], captured.err
+    for text in ("running cell ", "(the answer cell of 0.1)", "checking 0.1", "checking 0.2",
+                 "checking 0.3", "judging the answers"):
+        assert any(text in line for line in progress), (text, captured.err)
     assert (data["total"], data["max"]) == (FULL - 4, FULL)
     assert [row["exercise"] for row in data["rows"]] == ["0.1", "0.2", "0.3"]
     assert data["rows"][2]["feedback"] == (
@@ -409,6 +493,31 @@ def test_cli_grade_json(tmp_path, capsys, no_leftover_processes):
 def test_cli_grade_missing_notebook_exits_1(tmp_path, capsys):
     assert main(["grade", str(tmp_path / "nope.ipynb")]) == 1
     assert "no such notebook" in capsys.readouterr().err
+
+
+def test_cli_grade_a_file_that_is_not_a_notebook_exits_1_and_says_why(tmp_path, capsys):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello")
+    assert main(["grade", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"could not grade {path}: could not read the notebook: NotJSONError" in err
+
+
+def test_cli_grade_a_notebook_without_exercises_exits_1_and_says_why(tmp_path, capsys):
+    path = tmp_path / "scratch.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), path)
+    assert main(["grade", str(path), "--json", "--cell-timeout", "10", "--timeout", "60"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["max"] == 0
+    assert f"could not grade {path}: it has no exercises to grade" in captured.err
+
+
+def test_ungradable_is_empty_for_a_graded_notebook_even_at_zero_points():
+    report = GradeReport("a.ipynb", [ExerciseGrade("0.1", "Square", 0, 3, "not checked")],
+                         ["the kernel died in cell 3"])
+    assert ungradable(report) == ""
+    report.notes.append("could not start a kernel: RuntimeError: no kernel")
+    assert ungradable(report) == "could not start a kernel: RuntimeError: no kernel"
 
 
 def test_cli_exercises_build_check(tmp_path, capsys):

@@ -1,8 +1,10 @@
 """What ``mlsys-lab grade`` and ``mlsys-lab exercises`` do (``cli.py`` parses, these run).
 
-``grade_command(args)`` grades one notebook in this process, or a class folder (``--all``) in
-worker processes with a progress bar and one line per notebook as it finishes, then writes what
-was asked for: ``--csv`` (gradebook), ``--feedback DIR``, ``--report [PNG]`` (class statistics).
+``grade_command(args)`` grades one notebook in this process (a progress line on stderr as each
+cell runs and each exercise is checked; exit status 1, with the reason, when the notebook could
+not be graded at all: ``ungradable``), or a class folder (``--all``) in worker processes with a
+progress bar and one line per notebook as it finishes, then writes what was asked for:
+``--csv`` (gradebook), ``--feedback DIR``, ``--report [PNG]`` (class statistics).
 ``exercises_command(args)`` builds, checks or releases the exercise notebooks.
 """
 
@@ -10,11 +12,12 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from mlsys_lab.errors import ArgumentError
 
-__all__ = ["checkout_folder", "exercises_command", "grade_command"]
+__all__ = ["checkout_folder", "exercises_command", "grade_command", "ungradable"]
 
 CACHE_NAME = ".mlsys-lab-grades.json"
 
@@ -61,6 +64,29 @@ def _line(result) -> str:
     return line
 
 
+#: Notes of a report that mean the notebook was not graded at all (see ``grader.grade``).
+_NOT_GRADED = ("could not read the notebook", "could not start a kernel", "grader error")
+
+
+def ungradable(report) -> str:
+    """Why a single notebook's report is no grade at all, or ``""`` when it is one.
+
+    A notebook that cannot be read, one with no exercises to grade (nothing in it names a
+    chapter that has checks: no answer cell, no check cell, no chapter in its metadata or its
+    file name), a kernel that never started and a grader error are not grades: ``mlsys-lab
+    grade NOTEBOOK`` exits 1 for them. (A class run records them in the gradebook instead.)
+    """
+    for note in report.notes:
+        if note.startswith(_NOT_GRADED):
+            return note
+    if not report.rows:
+        why = "; ".join(report.notes) or (
+            "no answer cell (tagged answer:N.M), no check(\"N.M\", ...) cell, and no chapter "
+            "in its metadata or its file name (chNN_*.ipynb)")
+        return f"it has no exercises to grade ({why})"
+    return ""
+
+
 def _single(args) -> int:
     from mlsys_lab.grading.feedback import write_feedback
     from mlsys_lab.grading.grader import grade
@@ -80,7 +106,19 @@ def _single(args) -> int:
               file=sys.stderr)
         if args.strict:
             return 1
-    report = grade(path, cell_timeout=args.cell_timeout, timeout=args.timeout)
+    quiet = getattr(args, "quiet", False)
+    started = time.monotonic()
+
+    def progress(text: str) -> None:  # stderr: --json's stdout stays one JSON document
+        print(f"mlsys-lab grade: {path.name}, {time.monotonic() - started:.0f} s: {text}",
+              file=sys.stderr, flush=True)
+
+    if not quiet:
+        print(f"mlsys-lab grade: grading {path} (each cell may take up to "
+              f"{args.cell_timeout:g} s; the whole notebook up to {args.timeout:g} s)",
+              file=sys.stderr, flush=True)
+    report = grade(path, cell_timeout=args.cell_timeout, timeout=args.timeout,
+                   progress=None if quiet else progress)
     print(report.to_json() if args.json else report.to_table())
     if args.feedback is not None:
         from mlsys_lab.grading.classroom import ClassResult
@@ -90,6 +128,10 @@ def _single(args) -> int:
         for written in write_feedback([ClassResult(sub, report)], args.feedback,
                                       args.feedback_format):
             print(f"wrote {written}", file=sys.stderr)
+    why = ungradable(report)
+    if why:
+        print(f"mlsys-lab grade: could not grade {path}: {why}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,6 +10,7 @@ import numbers
 import os
 import re
 import reprlib
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -136,16 +137,32 @@ class CheckResult:
         return all(row.passed for row in self.rows) and bool(self.rows)
 
     def report(self) -> str:
-        """The per-case report as text (what ``check`` prints)."""
+        """The per-case report as text (what ``check`` prints).
+
+        Numbers in the feedback are shown compactly (``compact``). A message that several
+        failed cases share is printed once: after the cases when every failed case has it
+        ("5 of 6 cases failed: ..."), else as a note the cases point to ("[1]").
+        """
         lines = [f"Exercise {self.exercise} — {self.title}"]
         width = max([len(row.name) for row in self.rows] + [10])
+        groups = failure_groups(vars(row) for row in self.rows)
+        shared = [message for message, names in groups if len(names) > 1]
+        failed = sum(1 for row in self.rows if not row.passed)
+        alone = len(groups) == 1 and len(shared) == 1  # every failed case has the same message
         for row in self.rows:
             mark = "✓" if row.passed else "✗"
             pts = f"{fmt_points(row.points)}/{fmt_points(row.max)}"
             line = f"  {mark} {row.name:<{width}}  {pts:>7}"
-            if not row.passed and row.feedback:
-                line += f"  {row.feedback}"
+            message = compact(row.feedback) if not row.passed else ""
+            if message in shared and not alone:
+                line += f"  [{shared.index(message) + 1}]"
+            elif message and not alone:
+                line += f"  {message}"
             lines.append(line)
+        if alone:
+            lines.append(f"  {failed} of {len(self.rows)} cases failed: {shared[0]}")
+        else:
+            lines += [f"  [{k}] {message}" for k, message in enumerate(shared, 1)]
         verdict = "all cases passed" if self.passed else "keep going"
         lines.append(f"  Score: {fmt_points(self.score)}/{fmt_points(self.max)} ({verdict})")
         if not self.passed and self.seed is not None:
@@ -256,6 +273,62 @@ def exercises_for_chapter(chapter: int) -> list[Exercise]:
 
 
 # ----------------------------------------------------------------------------- running cases
+
+
+_FLOAT = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+_INT = re.compile(r"(?<![\w.])[-+]?\d+(?![\w.])")
+_FLAT_LIST = re.compile(r"\[([^\[\]]*)\]")
+_LIST_HEAD, _LIST_TAIL = 5, 2
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)")
+
+
+def _float_text(value: float, digits: int) -> str:
+    short = f"{value:.{digits}g}"
+    return short if set(short) & set(".en") else short + ".0"  # still reads as a float
+
+
+def _short_list(match: re.Match) -> str:
+    items = [item for item in re.split(r"[,\s]+", match.group(1)) if item]
+    if len(items) <= _LIST_HEAD + _LIST_TAIL + 1 or not all(map(_NUMBER.fullmatch, items)):
+        return match.group()
+    shown = ", ".join(items[:_LIST_HEAD]) + ", …, " + ", ".join(items[-_LIST_TAIL:])
+    return f"[{shown}] ({len(items)} items)"
+
+
+def compact(text: str) -> str:
+    """Feedback text with its numbers made short: floats to 6 significant digits
+    (``0.30000000000000004 -> 0.3``; more where two different values in the message would
+    otherwise read the same, as in "got 1.0000001, expected 1.0") and a long flat list or array
+    of numbers summarised (``[0, 1, 2, 3, 4, …, 98, 99] (100 items)``). Other text is left as
+    it is."""
+    if not text:
+        return text
+    floats = {float(m.group()) for m in _FLOAT.finditer(text)}
+    others = {float(m.group()) for m in _INT.finditer(text)} - floats
+    digits = 6
+    while digits < 17 and len({float(_float_text(v, digits)) for v in floats} | others) < len(
+            floats | others):  # "got 9.0000009, expected 9" must not read "got 9.0, expected 9"
+        digits += 1
+
+    def short(match: re.Match) -> str:
+        shorter = _float_text(float(match.group()), digits)
+        return shorter if len(shorter) < len(match.group()) else match.group()
+
+    text = _FLOAT.sub(short, text)
+    return _FLAT_LIST.sub(_short_list, text)
+
+
+def failure_groups(rows) -> list[tuple[str, list[str]]]:
+    """The failed cases' messages, each once, in order, with the names of the cases that
+    failed with it: ``[(message, [case names])]``. ``rows`` are case rows as dicts (``name``,
+    ``passed``, ``feedback``); messages are compared after ``compact``."""
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        if not row.get("passed"):
+            groups.setdefault(compact(row.get("feedback", "")), []).append(str(row.get("name")))
+    return list(groups.items())
 
 
 def fmt_points(points: float) -> str:
@@ -396,3 +469,64 @@ def expect_each_raised(fn_name: str, calls: Sequence[tuple], raw: Any, error: st
             gave = f"raised {got}" if isinstance(got, Raised) else f"gave {describe(got)}"
             raise AssertionError(f"{fn_name}({shown}) {gave}; raise {error}"
                                  + (f" ({why})" if why else ""))
+
+
+# ----------------------------------------------------------------------------- check cells in Lab
+
+_CHECK_IN_LINE = re.compile(r"\bcheck\s*\(\s*(?:['\"](\d+\.\d+[a-z]?)['\"])?")
+
+
+def check_cell_name_error(error: NameError, line: str) -> str:
+    """What to tell a student whose check cell (``line``, the statement that raised) names an
+    answer that is not defined yet, or ``""`` when ``line`` is no ``check(...)`` call or the
+    missing name is not in it. A check cell run before its answer cell fails this way."""
+    name = getattr(error, "name", None)
+    match = _CHECK_IN_LINE.search(line or "")
+    if not name or not match or not re.search(rf"(?<![\w.]){re.escape(name)}\b", line):
+        return ""
+    if name == "check":
+        return ("run the notebook's first code cell first: it imports check (name 'check' is "
+                "not defined)")
+    exercise = f" of {match.group(1)}" if match.group(1) else ""
+    return f"run the answer cell{exercise} above first (name {name!r} is not defined)"
+
+
+def _name_error_handler(shell, etype, value, tb, tb_offset=None):
+    """IPython's handler of a ``NameError`` in a cell: a check cell's missing answer is told
+    as "run the answer cell above first"; anything else gets IPython's usual traceback."""
+    frames = traceback.extract_tb(tb)
+    last = frames[-1] if frames else None
+    line = last.line if last is not None and last.name == "<module>" else ""
+    message = check_cell_name_error(value, line or "")
+    if not message:
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
+        return None
+    shell._showtraceback(etype, NameError(message), [f"NameError: {message}"])
+    return None
+
+
+def install_check_cell_hint() -> bool:
+    """In an IPython kernel, report a check cell run before its answer cell in plain words
+    ("run the answer cell of 9.1 above first (name 'parallel_map' is not defined)") instead of a
+    bare ``NameError`` traceback. Done when the notebook imports ``check``; a no-op outside
+    IPython, or when the notebook has its own handler of exceptions. Returns True if installed.
+    """
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "set_custom_exc"):
+        return False
+    current = tuple(getattr(shell, "custom_exceptions", ()) or ())
+    if current and current != (NameError,):
+        return False  # someone else's handler: leave it
+    shell.set_custom_exc((NameError,), _name_error_handler)
+    return True
+
+
+def _imported_for_real() -> bool:
+    """True when this is the module in ``sys.modules``, not the grader's private copy."""
+    module = sys.modules.get(__name__)
+    return module is not None and module.__dict__ is globals()
+
+
+if _imported_for_real():
+    install_check_cell_hint()

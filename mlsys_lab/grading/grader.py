@@ -69,6 +69,7 @@ from mlsys_lab.grading.checks import (
     fmt_points,
     get_exercise,
 )
+from mlsys_lab.grading.exercise import failure_groups
 from mlsys_lab.grading.guard import plan_for
 from mlsys_lab.grading.judge import judge_exercise
 from mlsys_lab.grading.probe import MIME, seal_cell
@@ -602,6 +603,7 @@ def grade(
     kernel_name: str = "python3",
     chapters: list[int] | None = None,
     env: dict[str, str] | None = None,
+    progress: Any = None,
 ) -> GradeReport:
     """Run a notebook in a fresh kernel and grade every exercise of its chapter(s).
 
@@ -617,6 +619,9 @@ def grade(
         chapters: grade exactly these chapters' exercises (the assignment), whatever the
             notebook names; default: every chapter the notebook refers to.
         env: variables added to the kernel's environment (e.g. ``OMP_NUM_THREADS``).
+        progress: called with one short line of text as grading goes (the kernel starts, a
+            cell runs, an exercise is checked, the answers are judged), e.g. to show that a
+            long run is working; an exception it raises is ignored.
 
     Returns:
         A ``GradeReport``. Grading never raises for anything the notebook does.
@@ -648,6 +653,7 @@ def grade(
         nb, path.resolve().parent, cell_timeout, timeout, max_output, max_restarts, kernel_name,
         prepared, env,
     )
+    run.progress = progress
     try:
         _execute_all(run, steps, outcome)
     except Exception as error:  # never crash: whatever happened, report what was graded
@@ -655,6 +661,7 @@ def grade(
     finally:
         run.stop_kernel()
     report.notes.extend(run.notes)
+    _tell(run, "judging the answers")
 
     results: dict[str, tuple[Any, str]] = {}
     by_id = {e.id: e for e in expected}
@@ -732,6 +739,11 @@ def _execute_all(run: _Run, steps: list[_Step], outcome: dict[str, str]) -> None
         if run.client is None and not _restart(run, steps[:i]):
             _skip_rest(steps[i:], outcome, "not run: the kernel died earlier")
             return
+        if step.kind == "grade":
+            _tell(run, f"checking {step.exercise}")
+        else:
+            answer_of = f" (the answer cell of {step.exercise})" if step.exercise else ""
+            _tell(run, f"running {_cell(step)}{answer_of}")
         run.execute(step)
         answer = step.exercise if step.kind == "student" else None
         if run.wall_clock_hit:
@@ -760,8 +772,19 @@ def _execute_all(run: _Run, steps: list[_Step], outcome: dict[str, str]) -> None
         _skip_rest(steps[i:], outcome, "not run: the notebook hit the wall-clock timeout")
 
 
+def _tell(run: _Run, text: str) -> None:
+    """Pass a progress line to the caller's ``progress`` callback, if any."""
+    callback = getattr(run, "progress", None)
+    if callback is not None:
+        try:
+            callback(text)
+        except Exception:  # a broken progress display must not stop the grading
+            pass
+
+
 def _restart(run: _Run, done: list[_Step]) -> bool:
     first = not any(s.status != "pending" for s in done)
+    _tell(run, "starting a kernel" if first else "restarting the kernel")
     if not first:
         if run.restarts_left <= 0:
             run.notes.append("the kernel died too often; the remaining exercises were not graded")
@@ -810,13 +833,12 @@ def _summary(rows: list[dict]) -> str:
     """One line of feedback for an exercise: which cases failed and why."""
     legacy = " [legacy checks: verdict from the kernel]" if any(
         r.get("trusted") is False for r in rows) else ""
-    failed = [r for r in rows if not r.get("passed")]
-    if not failed:
+    groups = failure_groups(rows)  # each message once, numbers compact
+    if not groups:
         return f"all {len(rows)} cases passed{legacy}"
-    messages = {r.get("feedback", "") for r in failed}
-    if len(failed) > 1 and len(messages) == 1:  # e.g. every case hit the same stub
-        return f"{len(failed)} of {len(rows)} cases failed: {messages.pop()}{legacy}"
-    return "; ".join(f"{r.get('name')}: {r.get('feedback', '')}" for r in failed) + legacy
+    parts = [f"{len(names)} of {len(rows)} cases failed: {message}" if len(names) > 1
+             else f"{names[0]}: {message}" for message, names in groups]
+    return "; ".join(parts) + legacy
 
 
 def stop_all_kernels() -> None:
