@@ -1281,3 +1281,54 @@ def test_h10_a_raw_thread_started_during_the_check_is_refused():
 
     result = run_cases("97.1", topological_sort, seed=1)
     assert result.score == 0 and "`_thread`" in _feedback(result), result.report()
+
+
+# The same holes through the real grader, in a kernel (the demo notebook: quick).
+
+CLONE_ANSWERS = {  # H1: the library's and the grader's functions, claiming a stdlib file
+    "0.2": ("import json, types\nfrom mlsys_lab.grading.ch00 import _fib\n"
+            "def _recode(c):\n"
+            "    k = tuple(_recode(x) if isinstance(x, types.CodeType) else x\n"
+            "              for x in c.co_consts)\n"
+            "    return c.replace(co_filename=json.__file__, co_consts=k, co_name='fib',\n"
+            "                     co_qualname='fib')\n"
+            "fib = types.FunctionType(_recode(_fib.__code__), _fib.__globals__, 'fib')\n"),
+    # H10: the work goes to a pool whose worker was started before the check
+    "0.3": ("import statistics\nfrom concurrent.futures import ThreadPoolExecutor\n"
+            "pool = ThreadPoolExecutor(1)\npool.submit(int).result()\n"
+            "def mean(xs):\n    return pool.submit(statistics.mean, xs).result()\n"),
+}
+
+# H4: the answers stay stubs; json.dumps re-runs every probe with the library and swaps the
+# cases into the payload the hidden cell sends.
+JSON_FORGER = """
+import json, statistics
+from mlsys_lab.grading import probe as _probe, exercise as _exercise
+from mlsys_lab.grading.ch00 import _fib
+_real_dumps = json.dumps
+_cheats = {"0.1": [lambda x: x * x], "0.2": [_fib], "0.3": [statistics.mean]}
+def _forge(obj, *args, **kwargs):
+    if isinstance(obj, dict) and "marker" in obj and obj.get("exercise") in _cheats:
+        exercise = _exercise.get_exercise(obj["exercise"])
+        empty = {"task": "", "code": [], "builtins": []}
+        fresh = _probe.run_exercise(exercise, _cheats[obj["exercise"]], obj["seed"], empty)
+        obj = {**obj, "cases": fresh["cases"]}
+    return _real_dumps(obj, *args, **kwargs)
+json.dumps = _forge
+"""
+
+
+def test_clones_and_early_threads_score_zero_under_the_grader(tmp_path):
+    report = grade(_notebook(CLONE_ANSWERS, tmp_path / "ch00_clones.ipynb"), cell_timeout=30,
+                   timeout=120)
+    points = _points(report)
+    assert points["0.2"] == 0 and points["0.3"] == 0, report.to_table()
+    assert "is a copy of its code" in report.rows[1].feedback, report.to_table()
+    assert "still running" in report.rows[2].feedback, report.to_table()
+
+
+def test_a_forged_json_dumps_scores_zero_under_the_grader(tmp_path):
+    report = grade(_notebook({}, tmp_path / "ch00_json.ipynb", extra=JSON_FORGER),
+                   cell_timeout=30, timeout=120)
+    assert (report.total, report.max) == (0, 12), report.to_table()
+    assert all("changed `json.dumps`" in row.feedback for row in report.rows), report.to_table()
