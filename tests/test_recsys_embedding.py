@@ -445,3 +445,59 @@ def test_all_empty_batches_train_sparse_as_dense():
             opt.step()
         ws.append(bag.weight.numpy())
     np.testing.assert_allclose(ws[0], ws[1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-1, -5, 5, 7])
+def test_dense_embedding_refuses_ids_outside_the_table_eager_traced_and_compiled(bad):
+    """PyTorch's nn.Embedding / F.embedding raise on a negative or too large id; the dense path
+    went through ``take`` and wrapped -1 round to the last row (4 of 5). Now it raises the
+    same ArgumentError as the sparse path, naming the op, the id and the table's rows, when
+    the lookup runs: eagerly, in a compiled graph whose ids are an input, and in a compiled
+    gradient whose forward lookup is dead code (the gradient checks the ids too)."""
+    e = ml.nn.Embedding(5, 2, rng=0)
+    ids = np.array([[0, bad], [1, 2]])
+    msg = rf"embedding\w*: id {bad} is outside the table's rows \[0, 5\)"
+    with pytest.raises(ArgumentError, match=msg):
+        e(ids)
+    with pytest.raises(ArgumentError, match=msg):
+        ml.nn.Embedding(5, 2, rng=0, sparse=True)(ids)  # the sparse path, as before
+    with pytest.raises(ArgumentError, match=msg):
+        ops_sparse.embedding(e.weight, ids.astype(np.int32))
+    fwd = ml.compile(lambda i: e(i) * 2.0, np.zeros((2, 2), np.int64))
+    np.testing.assert_array_equal(fwd(np.array([[4, 0], [1, 1]])),
+                                  2.0 * e.weight.numpy()[[[4, 0], [1, 1]]])
+    with pytest.raises(ArgumentError, match=msg):
+        fwd(ids)
+    w0 = e.weight.numpy()
+    grad = ml.grad(lambda w, i: ops_sparse.embedding(w, i).sum())
+    with pytest.raises(ArgumentError, match=msg):
+        grad(w0, ids)
+    compiled_grad = ml.compile(grad, w0, np.zeros((2, 2), np.int64))
+    np.testing.assert_array_equal(compiled_grad(w0, np.array([[4, 0], [4, 4]])),
+                                  np.array([[1, 1], [0, 0], [0, 0], [0, 0], [3, 3]]))
+    with pytest.raises(ArgumentError, match=msg):
+        compiled_grad(w0, ids)
+
+
+def test_dense_embedding_values_and_gradients_and_take_keeps_numpys_semantics():
+    r = np.random.default_rng(0)
+    w0 = r.standard_normal((6, 3)).astype(np.float32)
+    gout = r.standard_normal((2, 3, 3)).astype(np.float32)
+    ids = np.array([[5, 0, 5], [2, 2, 5]])
+    for dtype in (np.int32, np.int64, np.uint8):
+        w = ml.tensor(w0, requires_grad=True)
+        y = ops_sparse.embedding(w, ids.astype(dtype))
+        np.testing.assert_array_equal(y.numpy(), w0[ids])
+        (y * ml.tensor(gout)).sum().backward()
+        want = np.zeros_like(w0)
+        np.add.at(want, ids, gout)
+        np.testing.assert_array_equal(w.grad.numpy(), want)
+    e = ml.nn.Embedding(6, 3, rng=0)
+    assert e(np.zeros((0, 4), np.int64)).shape == (0, 4, 3)
+    with pytest.raises(DTypeError, match="embedding: ids must be integers"):
+        e(np.array([0.5]))
+    with pytest.raises(RankError, match="embedding: weight must be 2-D"):
+        ops_sparse.embedding(ml.tensor(np.ones(3)), np.array([0]))
+    # ops.take is not embedding: it keeps numpy's (and torch.take's) negative indices
+    np.testing.assert_array_equal(ml.ops.take(ml.tensor(w0), np.array([-1]), axis=0).numpy(),
+                                  w0[[-1]])

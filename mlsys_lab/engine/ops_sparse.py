@@ -16,6 +16,15 @@ dense table).
 
 ``compute`` is the numpy reference (``np.add.at``); eager mode and compiled graphs run the
 prefetching Numba gather of :mod:`mlsys_lab.kernels.embedding`, bit-identical to it.
+
+Ids and offsets may be integers of any width (int32 as well as int64, as PyTorch takes).
+
+``embedding(weight, ids)`` is the plain dense lookup (``F.embedding``, ``nn.Embedding``'s
+``sparse=False`` path): ``weight[ids]`` as its own op, so that an id outside
+``[0, num_rows)`` — a negative one included — raises the library's ``ArgumentError`` when the
+op runs, eagerly or in a traced or compiled graph, as PyTorch raises, instead of wrapping
+around as ``take`` (numpy's and PyTorch's ``take`` semantics) does. Its gradient is the
+dense ``embedding_bag_grad`` of one-id bags, which checks the ids too.
 """
 
 import numba
@@ -307,6 +316,38 @@ register_impl("embedding_bag_grad", "cpu", _grad_compute,
               name="numpy.embedding_bag_grad[densified]", returns=True)
 
 
+# --- embedding: the dense lookup that refuses an id outside the table ---------------------------
+def _embedding_infer(w, ids):
+    if len(w.shape) != 2:
+        raise RankError(f"embedding: weight must be 2-D (rows, dim), got shape {tuple(w.shape)}")
+    if np.dtype(ids.dtype).kind not in "iu":
+        raise DTypeError(f"embedding: ids must be integers, got {ids.dtype}")
+    return AVal((*ids.shape, w.shape[1]), w.dtype)
+
+
+def _embedding_compute(w, ids):
+    check_range("embedding", ids, w.shape[0])
+    return np.take(w, ids, axis=0)
+
+
+def _embedding_vjp(g, xs, y, needs):
+    """The dense table gradient as one-id bags' ``embedding_bag_grad``, which checks the ids
+    itself: a compiled gradient whose forward lookup was dropped as dead code still refuses a
+    bad id (``take_grad`` would add its row at the wrapped-around position)."""
+    w, ids = xs
+    n = int(np.prod(ids.shape, dtype=np.int64))
+    return (embedding_bag_grad(reshape(g, (n, w.shape[1])), reshape(ids, (n,)),
+                               np.arange(n), w.shape[0]), None)
+
+
+def _embedding_jvp(ts, xs, y):
+    return None if ts[0] is None else embedding(ts[0], xs[1])
+
+
+EMBEDDING = defop("embedding", compute=_embedding_compute, infer=_embedding_infer,
+                  vjp=_embedding_vjp, jvp=_embedding_jvp, storage=True)
+
+
 # --- the functions ------------------------------------------------------------------------------
 def _int_tensor(x):
     return x if isinstance(x, Tensor) else Tensor._wrap(np.asarray(x))
@@ -382,6 +423,22 @@ def embedding_bag_grad(g, ids, offsets, num_rows, mode="sum", per_sample_weights
     return apply(EMBEDDING_BAG_GRAD, g, ids, offsets, *psw, num_rows=int(num_rows), mode=mode)
 
 
+def embedding(weight, ids):
+    """``weight[ids]``: the rows of the ``(rows, dim)`` table for integer ``ids`` of any shape
+    (``torch.nn.functional.embedding``); the result has shape ``(*ids.shape, dim)``.
+
+    Unlike ``ops.take``, an id must lie in ``[0, rows)``: a negative id is refused, not
+    counted from the end, and the check runs whenever the op does (eager, traced, compiled).
+    The table's gradient is dense (:func:`embedding_lookup` gives a row-sparse one).
+
+    Raises:
+        ArgumentError: an id outside ``[0, rows)`` (the message names the id and the rows).
+        DTypeError: ids are not integers.
+        RankError: weight is not 2-D.
+    """
+    return apply(EMBEDDING, weight, _int_tensor(ids))
+
+
 def embedding_lookup(weight, ids, sparse=False):
     """``weight[ids]`` for integer ``ids`` of any shape, as one-id bags (so the table's gradient
     can be row-sparse). ``ids`` may be a traced tensor."""
@@ -394,5 +451,5 @@ def embedding_lookup(weight, ids, sparse=False):
     return reshape(out, (*shape, out.shape[-1]))
 
 
-__all__ = ["embedding_bag", "embedding_bag_grad", "embedding_lookup", "bag_segments",
+__all__ = ["embedding", "embedding_bag", "embedding_bag_grad", "embedding_lookup", "bag_segments",
            "check_offsets", "check_range", "sparse_bag_grad"]

@@ -4,7 +4,7 @@
 import numpy as np
 
 from .. import ops
-from ..engine.ops_sparse import MODES, embedding_bag, embedding_lookup
+from ..engine.ops_sparse import MODES, embedding, embedding_bag, embedding_lookup
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, DTypeError, RankError
 from ..kernels import embedding as _kernels  # noqa: F401 - registers the embedding-bag kernel
@@ -28,6 +28,10 @@ class Embedding(_layers.Embedding):
         sparse: give ``weight.grad`` as a :class:`~mlsys_lab.engine.sparse.RowSparse` of the
             touched rows instead of a dense table (``ml.optim.SGD``, ``Adagrad`` and
             ``SparseAdam`` update only those rows).
+
+    Ids may be int32 or int64 and must lie in ``[0, num_embeddings)``: as in PyTorch, a
+    negative id is an error (an ``ArgumentError`` naming the id and the table's rows, eager or
+    compiled), not a row counted from the end.
     """
 
     def __init__(self, num_embeddings, embedding_dim, rng=None, sparse=False):
@@ -36,7 +40,7 @@ class Embedding(_layers.Embedding):
 
     def forward(self, ids):
         if not self.sparse:
-            return super().forward(ids)
+            return embedding(self.weight, ids)
         return embedding_lookup(self.weight, ids, sparse=True)
 
 
