@@ -139,3 +139,15 @@ def test_committed_notebook_draws_no_figure_below_the_package_dpi(path):
     low = [f"cell {i}: dpi={d}" for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
            for d in re.findall(r"\bdpi\s*=\s*(\d+)", "".join(c["source"])) if int(d) < MIN_DPI]
     assert not low, f"{path.relative_to(project_root())} draws below {MIN_DPI} dpi: {low}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_nbval_markers_are_cell_tags_not_comments(path):
+    """nbval's checked cells carry the tag ``nbval-check-output``; the reader's code does not
+    start with ``# NBVAL_CHECK_OUTPUT`` (nbval reads both; only the tag stays out of sight)."""
+    nb = nbformat.read(path, as_version=4)
+    commented = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
+        line.strip().startswith("# NBVAL_") for line in c.source.splitlines())]
+    assert not commented, f"{path.name}: cells {commented} carry an nbval comment; tag them"
+    if path.parent.name == "chapters":   # every chapter checks some of its numbers
+        assert any("nbval-check-output" in c.metadata.get("tags", []) for c in nb.cells)
