@@ -275,6 +275,8 @@ TARGETED = {
     "signed_zero_literals": lambda v: (ops.mul(v, 0.0), ops.mul(v, -0.0)),
     "signed_zero_pad_values": lambda v: (ops.pad(v, 1, value=0.0), ops.pad(v, 1, value=-0.0)),
     "nan_literals": lambda v: (ops.add(v, float("nan")), ops.maximum(v, float("nan"))),
+    # issue 26: log(0) ** 0.5 is sqrt(-inf) = NaN (the fused loop took C's pow: +inf -> v)
+    "pow_half_of_log_zero": lambda v: ops.maximum(ops.neg(ops.pow(ops.log(v - v), 0.5)), v),
 }
 
 
@@ -286,3 +288,76 @@ def test_attribute_sensitive_programs_are_bitwise_eager(name, passes):
     c = ml.compile(f, v, passes=passes)
     for k, (g, w) in enumerate(zip(as_list(c(v, profile=False)), want)):
         assert_bitwise(g, w, f"{name}, passes={passes}, output {k}")
+
+
+# --- an ill-conditioned chain: both paths within the computation's condition bound ------------
+def _pow_chain(axis):
+    """``maximum(pow(x0, cos(exp(sum(x0, axis, keepdims))) * y), z)``: compiled, the sum runs
+    alone, exp and cos fuse at the sum's shape, mul, pow and maximum at the output's."""
+    def f(x0, y, z):
+        s = ops.sum(x0, axis=axis, keepdims=True)
+        return ops.maximum(ops.pow(x0, ops.mul(ops.cos(ops.exp(s)), y)), z)
+    return f
+
+
+def _pow_chain_exact(x0, y, z, axis, nudge=None):
+    """The chain in long double (80-bit on x86; float64 elsewhere, enough for float32), each
+    intermediate ``k`` scaled by ``1 + nudge[k]``."""
+    d = np.zeros(5) if nudge is None else nudge
+    x0, y, z = (np.asarray(a, np.longdouble) for a in (x0, y, z))
+    s = x0.sum(axis=axis, keepdims=True) * (1 + d[0])
+    e = np.exp(s) * (1 + d[1])
+    c = np.cos(e) * (1 + d[2])
+    m = c * y * (1 + d[3])
+    return np.maximum(np.power(x0, m) * (1 + d[4]), z)
+
+
+def _pow_chain_condition(x0, y, z, axis):
+    """First-order relative condition number of each output with respect to a relative error
+    in each intermediate (the sum's error counted as ``n`` roundings of ``sum |x0|``): the
+    output's relative error is at most about ``(condition + 1) * eps`` for any evaluation
+    whose every op is accurate to an ulp or two."""
+    exact = _pow_chain_exact(x0, y, z, axis)
+    s = np.asarray(x0, np.longdouble).sum(axis=axis, keepdims=True)
+    sum_scale = x0.shape[axis] * np.abs(x0).sum(axis=axis, keepdims=True) / np.abs(s)
+    h, cond = 1e-7, np.zeros(exact.shape, np.longdouble)
+    for k in range(5):
+        d = np.zeros(5)
+        d[k] = h
+        change = np.abs(_pow_chain_exact(x0, y, z, axis, d) - exact) / (h * np.abs(exact))
+        cond += change * (sum_scale if k == 0 else 1)
+    return exact.astype(np.float64), cond.astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("seed", range(4))
+def test_ill_conditioned_pow_chain_stays_within_its_condition_bound(seed, axis, dtype):
+    """Issue 26: compiled and eager differed by 5e-5 relative on ``sum_keep -> exp -> cos ->
+    mul -> pow(x0, .) -> maximum`` (float32[4, 6]). Both are as accurate as the computation
+    allows: ``exp`` of a sum near 10 is some 20000, where ``cos`` turns each ulp of its input
+    into thousands of ulps of its output, and ``pow`` multiplies a relative error of its
+    exponent by ``|exponent * log(x0)|``, so the two orders of roundings (numpy's SIMD exp
+    and cos, libm's in the fused loop) land far apart, each within 4x the condition bound
+    of the exact value. NaN positions (a negative base) must agree exactly."""
+    rng = np.random.default_rng(seed)
+    low = (0.1, 0.5, -1.0, 1.0)[seed]
+    x0 = rng.uniform(low, 2.0, (4, 6)).astype(dtype)
+    y = rng.uniform(-2, 2, (4, 6)).astype(dtype)
+    z = rng.uniform(0, 1, (4, 6)).astype(dtype)
+    f = _pow_chain(axis)
+    c = ml.compile(f, x0, y, z)
+    assert {"sum", "fused_elementwise"} <= {n.op for n in c.graph.nodes}, c.graph
+    with np.errstate(all="ignore"):
+        want = f(*map(ml.tensor, (x0, y, z))).numpy()
+        got = np.asarray(c(x0, y, z))
+        exact, cond = _pow_chain_condition(x0, y, z, axis)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), "NaN positions")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(exact), "NaN positions vs exact")
+    fin = np.isfinite(exact) & (exact != 0)
+    bound = 4 * (cond[fin] + 1) * np.finfo(dtype).eps
+    for name, v in (("compiled", got), ("eager", want)):
+        err = np.abs(v[fin].astype(np.float64) - exact[fin]) / np.abs(exact[fin])
+        k = int(np.argmax(err / bound))
+        assert (err <= bound).all(), \
+            f"{name}: relative error {err[k]:.3g} > 4 (condition {cond[fin][k]:.3g} + 1) eps"

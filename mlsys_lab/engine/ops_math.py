@@ -143,8 +143,67 @@ def _pow_jvp(ts, xs, y):
                 None if ts[1] is None else ts[1] * _pow_dexp(xs[0], y))
 
 
-POW = defop("pow", compute=np.power, infer=_binary("pow"), vjp=_pow_vjp, jvp=_pow_jvp,
-            elementwise=True, fusion="{0} ** {1}")
+#: The exponents numpy's float32/float64 ``power`` answers without calling C's ``pow`` when the
+#: exponent is one scalar (``x ** 0.5``), as PyTorch does for a number: 0 -> 1, 0.5 ->
+#: ``sqrt(a)``, 1 -> ``a``, 2 -> ``a * a``, -1 -> ``1 / a``.
+POW_SCALAR_EXPONENTS = (0.0, 0.5, 1.0, 2.0, -1.0)
+
+
+def power(a, b, out=None):
+    """``a ** b`` for the ``pow`` op: numpy's ``power`` with its special values fixed by the
+    exponent's size, not by numpy's memory layout.
+
+    * ``b`` one element (a number, a 0-d or any one-element array), float32/float64 result:
+      numpy's and PyTorch's ``x ** c`` for a scalar ``c``, with the shortcuts of
+      :data:`POW_SCALAR_EXPONENTS` (0.5 is ``sqrt``: ``-inf ** 0.5`` is NaN, ``-0. ** 0.5`` is
+      ``-0.``; -1 is ``1 / a``; 2 is ``a * a``), then C's ``pow`` for any other ``c``.
+    * ``b`` an array: C's ``pow`` elementwise, as ``np.power`` on two arrays and PyTorch on two
+      tensors give (``-inf ** 0.5`` is ``+inf``, ``-0. ** 0.5`` is ``+0.``).
+
+    numpy picks between the two by strides: its loop takes the scalar shortcuts where the
+    exponent has stride 0 along the inner loop (a ``(1,)`` exponent against ``(3,)``, a
+    ``broadcast_to`` view), but not for two ``(1,)`` arrays, and numpy versions differ in where
+    they take them. Here an exponent array that broadcasts or repeats is laid out at the
+    result's shape first, and a one-element exponent is answered by the shortcuts above, so
+    the eager op, the compiled kernels and the generated loop
+    (``_pow`` / ``_pow_s`` in :mod:`.passes.fusion.elementwise`) agree for every layout.
+    float16 and integer results: ``np.power`` as it is. ``out``: an array of the result's
+    shape and dtype to write (a ``cpu`` kernel's ``out=``).
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    if b.size == 1:
+        dt, c = np.result_type(a, b), float(b.reshape(())[()])
+        if dt in (np.float32, np.float64) and c in POW_SCALAR_EXPONENTS:
+            return _scalar_power(a.astype(dt, copy=False), c, shape, out)
+    elif b.shape != shape or 0 in b.strides:  # numpy would take shortcuts where it repeats
+        b = np.ascontiguousarray(np.broadcast_to(b, shape))
+    return np.power(a, b, out=out)
+
+
+def _scalar_power(a, c, shape, out):
+    """``a ** c`` of the ``shape`` of the result for ``c`` in :data:`POW_SCALAR_EXPONENTS`, into
+    ``out`` when given."""
+    dt = a.dtype
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if c == 0.5:
+            v = np.sqrt(a)
+        elif c == 2.0:
+            v = np.multiply(a, a)
+        elif c == -1.0:
+            v = np.divide(dt.type(1), a)
+        elif c == 1.0:
+            v = a
+        else:
+            v = np.ones_like(a)
+    if out is None:
+        return np.array(np.broadcast_to(v, shape), dt)
+    np.copyto(out, v, casting="unsafe")
+    return out
+
+
+POW = defop("pow", compute=power, infer=_binary("pow"), vjp=_pow_vjp, jvp=_pow_jvp,
+            elementwise=True, fusion="_pow{s1}({0}, {1})")
 
 
 def _tie_vjp(wins, g, xs, needs):
@@ -440,6 +499,12 @@ def div(a, b):
 
 def pow(a, b):  # noqa: A001 - numpy's name
     """Elementwise ``a ** b``.
+
+    Special values follow numpy and PyTorch: a one-element exponent ``c`` gives what ``x ** c``
+    gives for a number ``c`` (0.5 is ``sqrt``: ``-inf ** 0.5`` is NaN, ``-0. ** 0.5`` is
+    ``-0.``; -1 is ``1 / a``; 2 is ``a * a``); an exponent array gives C's ``pow`` elementwise
+    (``-inf ** 0.5`` is ``+inf``), whatever the layout. A negative base to a non-integer power
+    is NaN. See :func:`power`.
 
     Gradients follow PyTorch and JAX at ``a == 0``: d/da is 0 where ``b == 0`` and d/db is 0
     where ``b >= 0`` (``log(0)`` read as 0). One divergence from PyTorch: d/db at ``a == 0``,

@@ -68,16 +68,27 @@ FUSED_ELEMENTWISE = REGISTRY.get("fused_elementwise") or defop(
 # --- code generation --------------------------------------------------------------------------
 def kernel_source(program, kinds):
     """Python source of the loop for ``program``; ``kinds[i]`` is 's' when input i is a single
-    element (read once, before the loop) and 'a' when it is a flat array of the output's size."""
+    element (read once, before the loop) and 'a' when it is a flat array of the output's size.
+
+    Each step is its op's ``fusion`` template with its arguments' names as ``{0}``, ``{1}``,
+    ... and ``{s0}``, ``{s1}``, ... as ``_s`` where that argument is one value for the whole
+    loop, the one element the eager op would see as a one-element array (an input of kind
+    's'; any argument when every input is one element), else as nothing: ``pow``'s
+    ``_pow{s1}({0}, {1})`` takes numpy's scalar-exponent rules only then, as the eager op
+    does."""
     n = len(kinds)
     lines = [f"def fused_kernel(out{''.join(f', in{i}' for i in range(n))}):"]
     lines += [f"    x{i} = in{i}[0]" for i, k in enumerate(kinds) if k == "s"]
     lines.append("    for i in range(out.size):")
     lines += [f"        x{i} = in{i}[i]" for i, k in enumerate(kinds) if k == "a"]
     names = [f"x{i}" for i in range(n)]
+    one = [k == "s" for k in kinds]
     for k, (op, args) in enumerate(program):
-        lines.append(f"        t{k} = " + get(op).fusion.format(*[names[a] for a in args]))
+        scalar = {f"s{j}": "_s" if one[a] else "" for j, a in enumerate(args)}
+        lines.append(f"        t{k} = "
+                     + get(op).fusion.format(*[names[a] for a in args], **scalar))
         names.append(f"t{k}")
+        one.append("a" not in kinds)
     lines.append(f"        out[i] = {names[-1]}")
     return "\n".join(lines) + "\n"
 
@@ -109,10 +120,14 @@ def _helpers(dt):
     ±inf, NaN and subnormals included): exact ops bit for bit (numpy's ``maximum`` returns its
     second argument on a tie, so ``maximum(-0., 0.)`` is ``0.``; ``relu(-0.)`` and
     ``sign(-0.)`` are ``+0.``), and the transcendental ones within a few ulp (the test in
-    ``tests/test_compile_correctness.py`` measures them). ``tanh`` and ``sigmoid`` use only
-    arithmetic, FMAs and bit operations, so LLVM vectorises the loop: ``math.tanh`` and
-    ``math.exp`` compile to one libm call per element, which it cannot vectorise (Numba has no
-    SVML here), and are 5-20x slower than numpy's SIMD kernels.
+    ``tests/test_compile_correctness.py`` measures them). ``pow`` has the eager op's special
+    values (:func:`~mlsys_lab.engine.ops_math.power`): ``_pow_s`` for one exponent for the
+    whole loop, numpy's ``x ** c`` for a number (0.5 is ``sqrt``, so ``-inf ** 0.5`` is NaN;
+    -1, 2, 1 and 0 as numpy), ``_pow`` for an exponent array, C's ``pow`` (``+inf``);
+    ``tests/test_special_values.py`` checks every op against numpy and eager.
+    ``tanh`` and ``sigmoid`` use only arithmetic, FMAs and bit operations, so LLVM vectorises
+    the loop: ``math.tanh`` and ``math.exp`` compile to one libm call per element, which it
+    cannot vectorise (Numba has no SVML here), and are 5-20x slower than numpy's SIMD kernels.
     """
     if dt.str not in _HELPERS:
         import numba
@@ -132,11 +147,28 @@ def _helpers(dt):
         def sign(x):
             return one if x > zero else (minus_one if x < zero else (x if x != x else zero))
 
+        half, two = dt.type(0.5), dt.type(2)
+
+        def pow_(a, b):  # an exponent array: C's pow
+            return a ** b
+
+        def pow_scalar(a, b):  # one exponent for the whole loop: numpy's x ** c for a number c
+            if b == half:
+                return math.sqrt(a)  # -inf -> NaN and -0. -> -0., where C's pow gives inf, 0.
+            if b == two:
+                return a * a
+            if b == minus_one:
+                return one / a
+            if b == one:
+                return a
+            return one if b == zero else a ** b
+
         sigmoid = _sigmoid_f32() if dt == np.float32 else _sigmoid_f64()
         _HELPERS[dt.str] = dict(
             math=math, ZERO=zero, ONE=one, _relu=inline(relu), _maximum=inline(maximum),
-            _minimum=inline(minimum), _sign=inline(sign), _tanh=inline(_tanh(dt)),
-            _sigmoid=inline(sigmoid))
+            _minimum=inline(minimum), _sign=inline(sign), _pow=inline(pow_),
+            _pow_s=inline(pow_scalar),
+            _tanh=inline(_tanh(dt)), _sigmoid=inline(sigmoid))
     return dict(_HELPERS[dt.str])
 
 
@@ -407,7 +439,19 @@ for _device in ("cpu", "cpu-numba"):
 def _fusable(n):
     return (n.op in REGISTRY and get(n.op).fusion is not None and get(n.op).elementwise
             and not get(n.op).impure and not n.attrs
-            and len(n.outputs) == 1 and dtypes.is_float(n.output.dtype))
+            and len(n.outputs) == 1 and dtypes.is_float(n.output.dtype)
+            and _computes_in_output_dtype(n))
+
+
+def _computes_in_output_dtype(n):
+    """Whether numpy computes the node in its output dtype. ``int32 + float32`` is float32 here
+    (PyTorch's rule) but numpy adds in float64 and the eager op rounds once to float32, where
+    the generated loop, which converts each input to the output dtype, would round twice (the
+    int to float32, then the sum): such a node stays a node of its own."""
+    try:
+        return np.result_type(*[v.dtype for v in n.inputs]) == n.output.dtype
+    except TypeError:
+        return False
 
 
 def fusion_groups(graph):
