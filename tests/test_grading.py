@@ -510,6 +510,7 @@ def test_cli_grade_a_notebook_without_exercises_exits_1_and_says_why(tmp_path, c
     captured = capsys.readouterr()
     assert json.loads(captured.out)["max"] == 0
     assert f"could not grade {path}: it has no exercises to grade" in captured.err
+    assert "starting a kernel" not in captured.err  # nothing to grade: nothing is run
 
 
 def test_ungradable_is_empty_for_a_graded_notebook_even_at_zero_points():

@@ -647,6 +647,9 @@ def grade(
             why = f"the checks of {exercise.id} could not be prepared: {type(error).__name__}"
             report.notes.append(f"{why}: {error}")
             outcome[exercise.id] = why
+    if not expected:  # nothing to grade: the notebook's code is not run at all
+        report.elapsed = time.monotonic() - started
+        return report
     steps = _plan(nb, [e.id for e in expected if e.id in prepared])
 
     run = _Run(
