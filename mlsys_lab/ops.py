@@ -67,9 +67,7 @@ from .engine.ops_shape import (
                               take,
                               transpose,
 )
-from .engine.ops_sparse import embedding_bag  # noqa: F401 - registers the embedding-bag ops
-
-embedding = take
+from .engine.ops_sparse import embedding, embedding_bag  # noqa: F401 - registers the ops
 
 __all__ = [
     "abs", "add", "argmax", "avg_pool2d", "batch_norm", "broadcast_to", "cast", "concatenate",

@@ -831,7 +831,8 @@ spec("take",
      _mk("take", "no_indices", lambda x, i: ops.take(x, i, axis=0),
          lambda r: [rn(r, 3, 2), np.zeros(0, np.int64)], ref=lambda x, i: np.take(x, i, 0),
          diff=(0,), torch=lambda T, x, i: x[i]),
-     _mk("take", "embedding_alias", lambda x, i: ops.embedding(x, i),
+     # ops.embedding is its own op (spec below); this case keeps its PyTorch answer
+     _mk("take", "embedding_alias", lambda x, i: ops.take(x, i, axis=0),
          lambda r: [rn(r, 5, 2), np.array([4, 0, 4])], ref=lambda x, i: x[i], diff=(0,),
          torch=lambda T, x, i: T.nn.functional.embedding(i, x)))
 
@@ -1809,6 +1810,16 @@ spec("embedding_bag",
          lambda w, i, o, p: ops.embedding_bag(w, i, o, mode="sum", per_sample_weights=p),
          lambda r: [rn(r, 5, 3), _BAG_IDS, _BAG_OFFSETS, rn(r, len(_BAG_IDS))],
          ref=lambda w, i, o, p: _bag_ref(w, i, o, "sum", p), diff=(0, 3), second=True))
+# embedding: take along axis 0 that refuses an id outside [0, rows) (negatives included)
+spec("embedding",
+     _mk("embedding", "repeats", lambda w, i: ops.embedding(w, i),
+         lambda r: [rn(r, 5, 2), np.array([[4, 0], [4, 2]])], ref=lambda w, i: w[i], diff=(0,),
+         second=True),
+     _mk("embedding", "int32_ids", lambda w, i: ops.embedding(w, i),
+         lambda r: [rn(r, 5, 3), np.array([1, 1, 3], np.int32)], ref=lambda w, i: w[i],
+         diff=(0,)),
+     _mk("embedding", "no_ids", lambda w, i: ops.embedding(w, i),
+         lambda r: [rn(r, 4, 2), np.zeros(0, np.int64)], ref=lambda w, i: w[i], diff=(0,)))
 spec("embedding_bag_segments",
      _mk("embedding_bag_segments", "repeats_and_empty",
          lambda i, o: apply(get("embedding_bag_segments"), i, o), [_BAG_IDS, _BAG_OFFSETS],

@@ -515,6 +515,13 @@ def _ex_take(ctx, node):
     ctx.emit("Gather", [x, idx], ctx.name(node.output), axis=int(node.attrs["axis"]))
 
 
+def _ex_embedding(ctx, node):
+    """``embedding`` (the dense lookup that refuses ids outside the table) is a Gather on axis
+    0; ONNX's Gather counts a negative index from the end, the one id it does not refuse."""
+    w, idx = _ins(ctx, node)
+    ctx.emit("Gather", [w, idx], ctx.name(node.output), axis=0)
+
+
 def _im_gather(ctx, node, a):
     x, idx = ctx.inputs(node)
     return [ctx.emit("take", x, idx, axis=int(a.get("axis", 0)))]
@@ -598,6 +605,7 @@ register_onnx("stack", export=_ex_stack, writes=("Unsqueeze", "Concat"))
 register_onnx("getitem", export=_ex_getitem, writes=("Slice", "Squeeze", "Unsqueeze", "Gather"),
               imports=(OnnxImport("Slice", _im_slice, ("starts", "ends", "axes")),
                        OnnxImport("Split", _im_split, ("axis", "split", "num_outputs"))))
+register_onnx("embedding", export=_ex_embedding, writes=("Gather",))
 register_onnx("take", export=_ex_take, writes=("Gather",),
               imports=(OnnxImport("Gather", _im_gather, ("axis",)),))
 register_onnx("pad", export=_ex_pad, writes=("Pad",),
