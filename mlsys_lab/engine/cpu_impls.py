@@ -142,6 +142,12 @@ def _float_logits_int_targets(avals, out, attrs):
     return None if np.dtype(t.dtype).kind in "iu" else f"targets {np.dtype(t.dtype).name}"
 
 
+def pow_out(out, a, b):
+    """``a ** b`` into ``out`` by :func:`.ops_math.power`: numpy's power, with the special values
+    chosen by the exponent's size (one value: numpy's ``x ** c`` rules), not by its layout."""
+    ops_math.power(a, b, out=out)
+
+
 # --- registration -----------------------------------------------------------------------------
 def _ufunc_kernel(ufunc):
     def run(out, *arrays):
@@ -159,9 +165,10 @@ def _register():
                            ("minimum", np.minimum), ("neg", np.negative), ("exp", np.exp),
                            ("log", np.log), ("sqrt", np.sqrt), ("tanh", np.tanh),
                            ("sin", np.sin), ("cos", np.cos), ("abs", np.abs),
-                           ("sign", np.sign), ("pow", np.power)):
+                           ("sign", np.sign)):
         register_impl(op_name, "cpu", _ufunc_kernel(ufunc), name=f"numpy.{ufunc.__name__}(out=)",
                       accepts=same_dtype, exact=True)
+    register_impl("pow", "cpu", pow_out, name="numpy.power(out=)", accepts=same_dtype, exact=True)
     register_impl("relu", "cpu", relu_out, name="numpy.maximum(out=)", accepts=same_dtype)
     register_impl("matmul", "cpu", matmul_out, name="numpy.matmul(out=)", accepts=same_dtype)
     register_impl("sum", "cpu", sum_out, name="numpy.sum(out=)", accepts=same_dtype)
