@@ -274,6 +274,16 @@ def test_class_statistics_match_a_brute_force_count(graded_class, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_statistics_show_the_most_common_message_with_short_numbers():
+    from mlsys_lab.grading.class_stats import ExerciseStats
+
+    stats = ExerciseStats("9.1", "Parallel map", 4, [0, 4], failing_case="order",
+                          failing_count=1,
+                          failing_message="returned 0.30000000000000004, expected 0.4")
+    text = format_statistics([stats])
+    assert "most failed: 'order' (1 of 2): returned 0.3, expected 0.4" in text
+
+
 # ----------------------------------------------------------------------------- Ctrl-C
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlsys_lab.grading.classroom import ClassResult
-from mlsys_lab.grading.exercise import fmt_points
+from mlsys_lab.grading.exercise import compact, fmt_points
 from mlsys_lab.grading.gradebook import _id_key, counted
 
 __all__ = ["ExerciseStats", "class_statistics", "format_statistics", "plot_statistics"]
@@ -81,8 +81,8 @@ def format_statistics(stats: list[ExerciseStats]) -> str:
                      f"({100 * s.mean / s.max if s.max else 0:.0f}%) over {s.n}; "
                      f"points -> students: {dist}")
         if s.failing_count:
-            message = s.failing_message if len(s.failing_message) <= 120 else (
-                s.failing_message[:117] + "...")
+            message = compact(s.failing_message)
+            message = message if len(message) <= 120 else message[:117] + "..."
             lines.append(f"      most failed: {s.failing_case!r} ({s.failing_count} of {s.n})"
                          + (f": {message}" if message else ""))
         if s.no_result:
