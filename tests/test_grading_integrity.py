@@ -895,7 +895,7 @@ def _clone(fn, filename: str = STDLIB_FILE, name: str | None = None):
                               fn.__closure__)
 
 
-def _paste(fn, padding: str = "_unused = None"):
+def _paste_padded(fn, padding: str = "_unused = None"):
     """H2: ``fn``'s source pasted into a cell, renamed, with a no-op line added to its body."""
     fn = guard._unwrap(fn)
     source = textwrap.dedent(inspect.getsource(fn))
@@ -922,7 +922,7 @@ def _softmax_loss(params, X, y):
 
 def _cheat_answers(ex_id: str, transform):
     """The exercise's answer(s) built from a library function or the grader's reference, with
-    ``transform`` (identity, _clone, _paste) applied to the function that does the work."""
+    ``transform`` (identity, _clone, _paste_padded) applied to the function that does the work."""
     from mlsys_lab.distributed import pipeline_parallel
     from mlsys_lab.engine.passes import frontend
     from mlsys_lab.grading import ch02, ch03, ch07, ch09, ch10
@@ -992,10 +992,10 @@ def test_h1_a_library_module_compiled_under_a_stdlib_name_is_refused():
 @pytest.mark.parametrize("ex_id", sorted(IDEA_CASES, key=lambda i: float(i)))
 def test_h2_a_paste_with_an_added_line_is_refused(ex_id, monkeypatch):
     """H2: the reference (or library function) pasted with a no-op line: not one exact hash."""
-    _passes_unguarded(ex_id, _cheat_answers(ex_id, _paste), monkeypatch)
+    _passes_unguarded(ex_id, _cheat_answers(ex_id, _paste_padded), monkeypatch)
     for padding in ("_unused = None", "_a = 1; _b = 2; _c = None"):
         result = run_cases(ex_id, *_cheat_answers(
-            ex_id, functools.partial(_paste, padding=padding)), seed=3)
+            ex_id, functools.partial(_paste_padded, padding=padding)), seed=3)
         rows = _idea_rows(result, ex_id)
         assert all(row.points == 0 for row in rows), result.report()
         assert "is a copy of its code" in _feedback(result), result.report()
@@ -1004,8 +1004,8 @@ def test_h2_a_paste_with_an_added_line_is_refused(ex_id, monkeypatch):
 def test_similarity_separates_copies_from_independent_answers():
     """Independent answers stay far below the threshold; padded or renamed pastes above it."""
     assert guard.similarity(honest_kahn.__code__, schedule.kahn.__code__) < 0.5
-    assert guard.similarity(_paste(schedule.kahn).__code__, schedule.kahn.__code__) == 1.0
-    renamed = _paste(schedule.kahn, "count_me = 0\n    count_me = count_me + 1")
+    assert guard.similarity(_paste_padded(schedule.kahn).__code__, schedule.kahn.__code__) == 1.0
+    renamed = _paste_padded(schedule.kahn, "count_me = 0\n    count_me = count_me + 1")
     assert guard.similarity(renamed.__code__, schedule.kahn.__code__) >= guard.SIMILAR
 
 

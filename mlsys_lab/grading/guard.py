@@ -9,19 +9,26 @@ own reference answers — every function in the chapter check modules
 defined, and a fingerprint of its code); the grader computes it in its own process and sends it
 to the kernel, ``check()`` computes it in place.
 
-``Guard(plan)`` enforces it in the kernel. While a probe runs (``with guard.watching():``):
+``seal()`` runs first in every kernel the grader starts, before any student cell: it records the
+code objects the loaded modules hold (what is *not* the student's), the forbidden functions'
+code, the threads already running, and the functions and classes the checks rely on (see
+"The seal" below).
+
+``Guard(plan, state)`` enforces the plan in the kernel. While a probe runs
+(``with guard.watching():``):
 
 * a profile hook (``sys.setprofile``, and ``threading.setprofile`` for threads started meanwhile)
   looks at every function that starts. Code is matched by *where it was defined* (file, first
   line, qualified name) — so saved references, bound methods, ``f = kahn`` and
-  ``types.FunctionType(kahn.__code__, ...)`` are all caught — and, for functions big enough to
-  be distinctive (``DISTINCTIVE`` instructions), by a fingerprint of their normalised
-  instruction stream, so a copy of the library's source pasted into a cell is caught too
-  (renamed locals, edited docstrings and messages, with or without the module's imports, at
-  module level or nested in a function). A fingerprint is computed once per code object, and
-  only for code that is not part of the installed Python or packages. A match raises
-  ``OffLimitsError`` and records the refusal; a refusal sticks, so catching the error does not
-  help.
+  ``types.FunctionType(kahn.__code__, ...)`` are all caught. Code the seal does not know (and
+  that is not the grading package's own, as on disk) is the student's, *whatever file name it
+  claims* (``code.replace(co_filename=...)``, a library module compiled under another name): it
+  is refused when it is a clone of a forbidden function (the same normalised stream under the
+  same name, or the very same bytes and constants, at least ``CLONE`` instructions), or when
+  it is a copy of a big one (``DISTINCTIVE`` instructions): the Jaccard similarity of their
+  instruction n-grams (``shingles``; locals, strings and jump targets abstracted, padding
+  ignored) is at least ``SIMILAR``. A match raises ``OffLimitsError`` and records the refusal;
+  a refusal sticks, so catching the error does not help.
 * C functions named in the plan (``"math:fsum"``, ``"numpy:ndarray.mean"``) are refused when
   Python code calls them, on any object whose class inherits the method (a call made from C,
   ``map(math.fsum, ...)``, is not seen: prefer to forbid the Python function behind a C entry
@@ -34,10 +41,22 @@ to the kernel, ``check()`` computes it in place.
 * Switching the guard off — ``sys.setprofile``, ``sys.settrace``, ``threading.setprofile``, their
   ``get`` twins, ``sys.monitoring`` — is recorded as tampering, and so is a profile hook that is
   no longer the guard's when the probe ends.
+* Threads: before Python 3.12 a profile hook cannot be given to a thread that is already
+  running, so a thread the notebook started (not the kernel's, nor tqdm's monitor) that is still
+  running when a probe starts fails the case; a thread started with ``_thread`` directly (which
+  ``threading.setprofile`` does not reach) is refused.
+
+The seal. ``tampered(state)`` lists what changed since ``seal()`` among the functions, methods,
+classes and modules of ``SEALED_MODULES`` (the simulator, the pipeline-parallel helpers, every
+other non-grading ``mlsys_lab`` module, ``json``, ``threading``, numpy, builtins, the kernel's
+display publisher and session): a replaced attribute or ``sys.modules`` entry, a swapped
+``__code__`` or ``__defaults__``. The hidden cell looks before and after the probes and fails
+every case when anything changed, and sends the payload with the JSON encoder and publisher the
+seal holds, not the kernel's current ones.
 
 The guard is a tripwire for every shortcut a notebook offers, not a sandbox: code that walks the
-interpreter's frames to rewrite the guard's state, or that hands work to a thread started before
-the check (Python < 3.12 cannot watch those), is deliberate reverse engineering and out of scope.
+interpreter's frames or objects to find and rewrite the guard's or the seal's state is deliberate
+reverse engineering and out of scope.
 """
 
 from __future__ import annotations
@@ -300,9 +319,14 @@ def _qualname(code: types.CodeType) -> str:
     return getattr(code, "co_qualname", code.co_name)
 
 
+_REALPATH: dict[str, str] = {}
+
+
 def _where(code: types.CodeType) -> tuple[str, int, str]:
     name = code.co_filename
-    path = name if name.startswith("<") else os.path.realpath(name)
+    path = _REALPATH.get(name)
+    if path is None:
+        path = _REALPATH[name] = name if name.startswith("<") else os.path.realpath(name)
     return (path, code.co_firstlineno, _qualname(code))
 
 
@@ -868,7 +892,7 @@ def _watched_python() -> dict[int, tuple[Any, str]]:
     return found
 
 
-_FORBIDDEN, _TAMPER, _DISPATCH = 1, 2, 3
+_FORBIDDEN, _TAMPER, _DISPATCH, _SPAWN = 1, 2, 3, 4
 
 
 class Guard:
@@ -919,8 +943,11 @@ class Guard:
         self._entry_points: dict[int, tuple[Any, tuple[str, str]]] = {}
         self._dispatch_codes: dict[int, types.CodeType] = {}
         self._found: list | None = None
-        self._spawners = _IdentitySet(self._state["start_new_thread"])
-        self.hook = self._hook  # one bound-method object, so ``sys.getprofile() is`` works
+        # C functions looked up by identity: id -> (function, kind, label)
+        self._c_static = {id(f): (f, _SPAWN, None) for f in self._state["start_new_thread"]}
+        self._c_static.update((i, (f, _TAMPER, name)) for i, (f, name) in self._watched_c.items())
+        self._c_ids = dict(self._c_static)
+        self.hook = self._make_hook()
 
     # -- matching -------------------------------------------------------------------------
 
@@ -992,46 +1019,64 @@ class Guard:
         self._violation(f"this exercise asks you to write {self.task} yourself; {label} is off "
                         f"limits here{note}")
 
-    def _hook(self, frame, event, arg):
-        if self._closing:
-            return
-        if event == "call":
-            code = frame.f_code
-            entry = self._seen.get(id(code))
-            if entry is None or entry[0] is not code:
-                entry = self._classify(code)
-            kind = entry[1]
-            if kind is None:
-                return
-            if kind == _DISPATCH:
-                label = self._dispatcher_label(frame.f_locals.get("self"))
-                if label is None:
+    def _make_hook(self):
+        """The profile hook: one function object (so ``sys.getprofile() is`` works) that reads
+        its tables from locals, since it runs on every call and return of the probe."""
+        me, seen, classify, c_ids, c_names = (self, self._seen, self._classify, self._c_ids,
+                                              self._c_funcs)
+
+        def hook(frame, event, arg):
+            if event == "call":
+                if me._closing:
                     return
-            else:
-                label = entry[2]
-            if kind != _TAMPER and self._lifted and threading.get_ident() == self._thread:
+                code = frame.f_code
+                entry = seen.get(id(code))
+                if entry is None or entry[0] is not code:
+                    entry = classify(code)
+                if entry[1] is not None:
+                    me._on_call(frame, entry)
+            elif event == "c_call":
+                if me._closing:
+                    return
+                hit = c_ids.get(id(arg))
+                if hit is not None and hit[0] is arg:
+                    me._on_c_id(frame, hit)
+                owners = c_names.get(getattr(arg, "__name__", None)) if c_names else None
+                if owners is not None:
+                    label = _c_label(arg, owners)
+                    if label is not None:
+                        me._on_forbidden((label, ""))
+
+        return hook
+
+    def _on_call(self, frame, entry) -> None:
+        kind = entry[1]
+        if kind == _DISPATCH:
+            label = self._dispatcher_label(frame.f_locals.get("self"))
+            if label is None:
                 return
-            self._refuse(label, tamper=kind == _TAMPER)
-        elif event == "c_call":
-            if arg in self._spawners and frame.f_code is not self._state["thread_start"]:
+        else:
+            label = entry[2]
+        if kind == _TAMPER:
+            self._refuse(label, tamper=True)
+        self._on_forbidden(label)
+
+    def _on_c_id(self, frame, hit) -> None:
+        _, kind, label = hit
+        if kind == _SPAWN:
+            if frame.f_code is not self._state["thread_start"]:
                 self._violation("your code started a thread with `_thread`, which the check "
                                 "cannot watch; the check cannot trust this result (use "
                                 "`threading.Thread`)")
-            if id(arg) in self._watched_c and self._watched_c[id(arg)][0] is arg:
-                self._refuse(self._watched_c[id(arg)][1], tamper=True)
-            if id(arg) in self._entry_points and self._entry_points[id(arg)][0] is arg:
-                label = self._entry_points[id(arg)][1]
-            else:
-                owners = self._c_funcs.get(getattr(arg, "__name__", None))
-                if owners is None:
-                    return
-                label = _c_label(arg, owners)
-                if label is None:
-                    return
-                label = (label, "")
-            if self._lifted and threading.get_ident() == self._thread:
-                return
-            self._refuse(label)
+        elif kind == _TAMPER:
+            self._refuse(label, tamper=True)
+        else:  # a switched-off Numba entry point, called directly
+            self._on_forbidden(label)
+
+    def _on_forbidden(self, label) -> None:
+        if self._lifted and threading.get_ident() == self._thread:
+            return  # the grader's own ``unguarded()`` in the probe's thread
+        self._refuse(label)
 
     # -- Numba ----------------------------------------------------------------------------
 
@@ -1068,14 +1113,17 @@ class Guard:
                     if isinstance(fn, types.FunctionType):
                         self._dispatch_codes[id(fn.__code__)] = fn.__code__
         if self._found is None:  # once per guard: later copies are caught when they compile
-            self._found = [o for o in gc.get_objects() if isinstance(o, mod._DispatcherBase)]
+            # Instances of a Python class refer to it, so the collector finds them in C (about
+            # twice as fast as filtering gc.get_objects() in Python).
+            kinds = _subclasses(mod._DispatcherBase)
+            self._found = [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
         off: dict[int, tuple[Any, tuple[str, str]]] = {}
         for d in self._found:
             label = self._dispatcher_label(d)
             if label is not None:
                 off[id(d)] = (d, label)
         nbtypes = sys.modules["numba.core.types"]
-        changed = True
+        changed = bool(off)  # nothing switched off: no compiled code can call it
         while changed:  # dispatchers whose compiled code calls a switched-off one
             changed = False
             for d in self._found:
@@ -1096,6 +1144,7 @@ class Guard:
             if isinstance(d, mod.Dispatcher):
                 for cres in d.overloads.values():
                     self._entry_points[id(cres.entry_point)] = (cres.entry_point, label)
+                    self._c_ids[id(cres.entry_point)] = (cres.entry_point, _FORBIDDEN, label)
                 d._clear()  # calls now fall back into the dispatcher's Python methods
 
     def _restore_dispatchers(self) -> None:
@@ -1139,9 +1188,10 @@ class Guard:
                     f"({', '.join(running[:3])}); on Python {sys.version_info[0]}."
                     f"{sys.version_info[1]} the check cannot watch it, so it cannot trust this "
                     f"result (join or shut down your threads and pools before the check)")
-        self._seen = {}
         self._dispatch_codes = {}
         self._entry_points = {}
+        self._c_ids.clear()
+        self._c_ids.update(self._c_static)
         self._switch_off_dispatchers()
         self._previous = (sys.getprofile(), getattr(threading, "_profile_hook", None))
         _ACTIVE = self
@@ -1169,6 +1219,17 @@ class Guard:
         threading.setprofile(previous_threads)
         self._restore_dispatchers()
         _ACTIVE = None
+
+
+def _subclasses(cls: type) -> set[type]:
+    """``cls`` and every class derived from it, now."""
+    found, todo = set(), [cls]
+    while todo:
+        c = todo.pop()
+        if c not in found:
+            found.add(c)
+            todo.extend(type.__subclasses__(c))
+    return found
 
 
 def _cuda_dispatcher_classes() -> tuple[type, ...]:
@@ -1224,16 +1285,6 @@ def _kernel_thread(thread: Any) -> bool:
     target = getattr(thread, "_target", None)
     owner = getattr(target, "__self__", None)
     return kind is threading.Thread and owner is not None and ours(type(owner))
-
-
-class _IdentitySet:
-    """``x in s`` by identity (C functions compare equal to copies bound elsewhere)."""
-
-    def __init__(self, items: Iterable[Any]):
-        self._ids = {id(x): x for x in items}
-
-    def __contains__(self, item: Any) -> bool:
-        return self._ids.get(id(item), self) is item
 
 
 class _Window:
