@@ -1332,3 +1332,35 @@ def test_a_forged_json_dumps_scores_zero_under_the_grader(tmp_path):
                    cell_timeout=30, timeout=120)
     assert (report.total, report.max) == (0, 12), report.to_table()
     assert all("changed `json.dumps`" in row.feedback for row in report.rows), report.to_table()
+
+
+class _Publisher:
+    def publish(self, data):
+        return data
+
+
+def test_h4_a_patched_display_publisher_is_seen(monkeypatch):
+    """The objects the payload passes through (the kernel's shell, display publisher, session
+    and socket) are sealed too: a method shadowed on the instance, or the object swapped for
+    another class, is a change."""
+    publisher = _Publisher()
+    monkeypatch.setattr(guard, "_channel_objects", lambda: [("its display publisher", publisher)])
+    state = guard.seal()
+    assert guard.tampered(state) == []
+    publisher.publish = lambda data: None
+    assert guard.tampered(state) == ["its display publisher's `publish`"]
+    del publisher.publish
+    publisher.__class__ = type("Forger", (_Publisher,), {})
+    assert guard.tampered(state) == ["its display publisher"]
+
+
+def test_the_notebooks_own_namespace_is_never_trusted(monkeypatch):
+    """``check()`` in a notebook seals when first called, after the student's cells ran: what
+    those cells defined (``__main__``) must still count as the student's code."""
+    pasted = _paste_padded(schedule.kahn)
+    monkeypatch.setattr(sys.modules["__main__"], "pasted_kahn", pasted, raising=False)
+    monkeypatch.setattr(sys.modules[__name__], "pasted_kahn", pasted, raising=False)
+    baseline = guard._baseline()
+    assert id(pasted.__code__) in baseline  # this test module is a library module here
+    monkeypatch.delattr(sys.modules[__name__], "pasted_kahn")
+    assert id(pasted.__code__) not in guard._baseline()

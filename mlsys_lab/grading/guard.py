@@ -631,7 +631,10 @@ def _baseline() -> dict[int, types.CodeType]:
             if isinstance(inner, (types.FunctionType, type)):
                 visit(inner, depth + 1)
 
+    main = sys.modules.get("__main__")
     for module in list(sys.modules.values()):
+        if module is main:  # the notebook's own namespace (``check()`` seals late)
+            continue
         try:
             values = list(vars(module).values())
         except TypeError:
