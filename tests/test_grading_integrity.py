@@ -1364,3 +1364,30 @@ def test_the_notebooks_own_namespace_is_never_trusted(monkeypatch):
     assert id(pasted.__code__) in baseline  # this test module is a library module here
     monkeypatch.delattr(sys.modules[__name__], "pasted_kahn")
     assert id(pasted.__code__) not in guard._baseline()
+
+
+CH11_EXERCISE = ROOT / "exercises" / "ch11_distributed_training.ipynb"
+
+# H5 as the tester ran it: the simulator the 11.1 probe uses is the kernel's own module; a fake
+# sim.run sums with numpy and fabricates the ring's trace (here a pass-through to the real one:
+# whatever the fake does, replacing it is what fails the check).
+SIM_ATTACK = """
+from mlsys_lab.distributed import sim as _sim
+_real_run = _sim.run
+def _fake_run(*args, **kwargs):
+    return _real_run(*args, **kwargs)
+_sim.run = _fake_run
+"""
+
+
+def test_h5_a_replaced_simulator_scores_zero_under_the_grader(tmp_path):
+    ring = _solution_source("ch11_distributed_training.ipynb", "ring_allreduce")
+    nb = nbformat.read(ROOT / "solutions" / "ch11_distributed_training.ipynb", as_version=4)
+    answer = next(c.source for c in nb.cells if "answer:11.1" in c.metadata.get("tags", []))
+    assert "ring_allreduce" in ring
+    path = _notebook({"11.1": answer}, tmp_path / "ch11_sim.ipynb", base=CH11_EXERCISE,
+                     extra=SIM_ATTACK)
+    report = grade(path, cell_timeout=120, timeout=600)
+    row = next(r for r in report.rows if r.exercise == "11.1")
+    assert row.points == 0, report.to_table()
+    assert "`mlsys_lab.distributed.sim.run`" in row.feedback, report.to_table()
