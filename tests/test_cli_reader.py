@@ -148,7 +148,7 @@ def test_open_as_root_allows_root(monkeypatch):
     assert _open_command(monkeypatch, 0, "--", "--allow-root").count("--allow-root") == 1
 
 
-@pytest.mark.xdist_group("jupyter-server")      # starts a server on a port, as the browser tests
+@pytest.mark.service            # a server on a port: the browser tests' xdist group (conftest)
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="checks the root case; the command is checked by the test above")
 def test_open_as_root_starts_a_server_that_answers(monkeypatch, tmp_path):
