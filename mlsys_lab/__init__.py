@@ -9,70 +9,54 @@ __version__ = "0.1.0"
 
 import math as _math  # noqa: E402
 import os as _os  # noqa: E402
-import sys as _sys  # noqa: E402
 
+import numpy as _np  # noqa: E402
 
-def _asks_only_for_the_version(argv) -> bool:
-    """Whether this process is the ``mlsys-lab`` command run as ``mlsys-lab --version`` (or
-    ``--help``): argparse answers and exits before any of the package is used, so the imports
-    below (numpy, numba, the kernels: seconds) are skipped. Should a command run after all,
-    :func:`mlsys_lab.cli.main` reloads this module, which then imports everything."""
-    return (len(argv) == 2 and argv[1] in ("--version", "-h", "--help")
-            and _os.path.basename(argv[0]).split(".")[0] == "mlsys-lab")
-
-
-#: True while only ``__version__`` is here (see ``_asks_only_for_the_version``); a reload
-#: (the name is defined then) imports everything.
-_LIGHT = "_LIGHT" not in globals() and _asks_only_for_the_version(getattr(_sys, "argv", []))
-
-if not _LIGHT:
-    import numpy as _np  # noqa: E402
-
-    from . import ops  # noqa: E402
-    from .engine import tensor_methods as _tensor_methods  # noqa: E402,F401
-    from .engine.autodiff import grad, gradients, hvp, jvp, tape_to_graph, value_and_grad, vjp  # noqa: E402
-    from .engine.autodiff_graph import grad_graph  # noqa: E402
-    from .engine.compiler import compile  # noqa: E402,A004
-    from .engine.dispatch import custom_op  # noqa: E402
-    from .engine.dtypes import as_dtype as _as_dtype  # noqa: E402
-    from .engine.dtypes import (  # noqa: E402
-        bool_,
-        float16,
-        float32,
-        float64,
-        int8,
-        int16,
-        int32,
-        int64,
-        uint8,
-        uint16,
-        uint32,
-        uint64,
-    )
-    from .engine.graph import Graph  # noqa: E402
-    from .engine.graph import set_svg_renderer as _set_svg_renderer  # noqa: E402
-    from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402
-    from .engine.threads import limit_threads, num_threads, set_num_threads  # noqa: E402
-    from .engine.trace import trace  # noqa: E402
-    from .errors import (  # noqa: E402
-        ArgumentError,
-        CheckpointError,
-        CycleError,
-        DTypeError,
-        DTypeOverflowError,
-        GraphError,
-        MLSysError,
-        OpError,
-        OutOfMemoryError,
-        PlanError,
-        RankError,
-        ShapeError,
-        TapeError,
-        TraceError,
-        UnknownNameError,
-    )
-    from .kernels import registration as _registration  # noqa: E402,F401 - Numba kernels as impls
-    from .nn.train_step import compile_train_step  # noqa: E402
+from . import ops  # noqa: E402
+from .engine import tensor_methods as _tensor_methods  # noqa: E402,F401
+from .engine.autodiff import grad, gradients, hvp, jvp, tape_to_graph, value_and_grad, vjp  # noqa: E402
+from .engine.autodiff_graph import grad_graph  # noqa: E402
+from .engine.compiler import compile  # noqa: E402,A004
+from .engine.dispatch import custom_op  # noqa: E402
+from .engine.dtypes import as_dtype as _as_dtype  # noqa: E402
+from .engine.dtypes import (  # noqa: E402
+    bool_,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
+    uint16,
+    uint32,
+    uint64,
+)
+from .engine.graph import Graph  # noqa: E402
+from .engine.graph import set_svg_renderer as _set_svg_renderer  # noqa: E402
+from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402
+from .engine.threads import limit_threads, num_threads, set_num_threads  # noqa: E402
+from .engine.trace import trace  # noqa: E402
+from .errors import (  # noqa: E402
+    ArgumentError,
+    CheckpointError,
+    CycleError,
+    DTypeError,
+    DTypeOverflowError,
+    GraphError,
+    MLSysError,
+    OpError,
+    OutOfMemoryError,
+    PlanError,
+    RankError,
+    ShapeError,
+    TapeError,
+    TraceError,
+    UnknownNameError,
+)
+from .kernels import registration as _registration  # noqa: E402,F401 - Numba kernels as impls
+from .nn.train_step import compile_train_step  # noqa: E402
 
 __all__ = [
     "ArgumentError", "CheckpointError", "CycleError", "DTypeError", "DTypeOverflowError", "Graph",
@@ -152,8 +136,7 @@ def _render_svg(dot_source):
     return render_svg(dot_source)
 
 
-if not _LIGHT:
-    _set_svg_renderer(_render_svg)
+_set_svg_renderer(_render_svg)
 
 
 def __getattr__(name):  # lazy subpackages: ml.nn, ml.optim, ml.viz, ml.compile, ...

@@ -23,7 +23,6 @@ usage error.
 from __future__ import annotations
 
 import argparse
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -122,8 +121,7 @@ def _cmd_exercises(args) -> int:
 
 
 def _version() -> str:
-    """``mlsys-lab X.Y.Z``, from the package's ``__version__`` alone: ``mlsys-lab --version``
-    imports none of the framework (see ``mlsys_lab._asks_only_for_the_version``)."""
+    """``mlsys-lab X.Y.Z``, from the package's ``__version__``."""
     from mlsys_lab import __version__
 
     return f"mlsys-lab {__version__}"
@@ -157,10 +155,6 @@ def _cmd_export(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the ``mlsys-lab`` command line; returns the exit code."""
     args = _parser().parse_args(argv)   # --version and --help exit here
-    import mlsys_lab
-
-    if mlsys_lab._LIGHT:  # imported for --version only (argv said so), yet a command runs
-        importlib.reload(mlsys_lab)
     handlers = {"grade": _cmd_grade, "exercises": _cmd_exercises, "open": _cmd_open,
                 "doctor": _cmd_doctor, "export": _cmd_export}
     try:
