@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="--all: the re-grade cache (default FOLDER/.mlsys-lab-grades.json)")
     grade.add_argument("--no-cache", action="store_true", help="--all: grade every notebook")
     grade.add_argument("--quiet", action="store_true",
-                       help="--all: no progress bar or per-notebook lines")
+                       help="no progress output (with --all: no bar or per-notebook lines)")
 
     exercises = sub.add_parser("exercises", help="manage the generated exercise notebooks")
     ex_sub = exercises.add_subparsers(dest="action", required=True, metavar="ACTION")
