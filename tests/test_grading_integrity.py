@@ -1391,3 +1391,82 @@ def test_h5_a_replaced_simulator_scores_zero_under_the_grader(tmp_path):
     row = next(r for r in report.rows if r.exercise == "11.1")
     assert row.points == 0, report.to_table()
     assert "`mlsys_lab.distributed.sim.run`" in row.feedback, report.to_table()
+
+
+def test_h10_a_thread_started_during_an_earlier_probe_stays_watched():
+    """A worker started inside one check that outlives it keeps a guard's hook: in the next
+    check it answers to the guard that is on then (and is not mistaken for a notebook's)."""
+    import queue
+
+    jobs: queue.Queue = queue.Queue()
+
+    def worker():
+        while True:
+            fn, args, box = jobs.get()
+            if fn is None:
+                return
+            try:
+                box.put(("ok", fn(*args)))
+            except Exception as error:  # the refusal, raised in the worker
+                box.put(("error", error))
+
+    started = []
+
+    def topological_sort(nodes, edges):
+        if not started:
+            started.append(threading.Thread(target=worker, daemon=True))
+            started[0].start()
+        box: queue.Queue = queue.Queue()
+        jobs.put((schedule.kahn, (nodes, edges), box))
+        kind, value = box.get(timeout=10)
+        return value if kind == "ok" else None
+
+    try:
+        first = run_cases("97.1", topological_sort, seed=1)
+        second = run_cases("97.1", topological_sort, seed=2)
+    finally:
+        jobs.put((None, (), None))
+        started[0].join(5)
+    assert first.score == 0 and "off limits" in _feedback(first), first.report()
+    # Python removes a profile hook that raised (the refusal): the worker is unwatched now,
+    # so it counts as a running thread the check cannot trust.
+    assert second.score == 0, second.report()
+    assert "still running" in _feedback(second) or "off limits" in _feedback(second)
+
+
+def test_h10_a_worker_started_during_a_probe_answers_to_the_next_guard():
+    """A worker started inside one check that outlives it, and did nothing forbidden there,
+    is watched in the next check by the guard that is on then."""
+    import queue
+
+    jobs: queue.Queue = queue.Queue()
+    started = []
+
+    def worker():
+        while True:
+            fn, args, box = jobs.get()
+            if fn is None:
+                return
+            try:
+                box.put(("ok", fn(*args)))
+            except Exception as error:  # the refusal, raised in the worker
+                box.put(("error", error))
+
+    def topological_sort(nodes, edges):
+        if not started:  # first check: start the worker, answer honestly
+            started.append(threading.Thread(target=worker, daemon=True))
+            started[0].start()
+            return honest_kahn(nodes, edges)
+        box: queue.Queue = queue.Queue()
+        jobs.put((schedule.kahn, (nodes, edges), box))
+        kind, value = box.get(timeout=10)
+        return value if kind == "ok" else None
+
+    try:
+        first = run_cases("97.1", topological_sort, seed=1)
+        second = run_cases("97.1", topological_sort, seed=2)
+    finally:
+        jobs.put((None, (), None))
+        started[0].join(5)
+    assert first.score == 1, first.report()
+    assert second.score == 0 and "off limits" in _feedback(second), second.report()

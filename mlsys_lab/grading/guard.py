@@ -740,6 +740,8 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         "start_new_thread": tuple(getattr(sys.modules["_thread"], n) for n in (
             "start_new_thread", "start_joinable_thread") if hasattr(sys.modules["_thread"], n)),
         "keyed": key is not None,
+        "active": None,  # the guard that is on now
+        "hooked": {},  # ident -> thread: threads started while a probe ran (they are watched)
     }
     if key is not None:
         import builtins
@@ -985,7 +987,12 @@ class Guard:
 
     def _clone_of(self, code: types.CodeType, fp: str, qualname: str) -> str | None:
         """The label of the forbidden function ``code`` is a clone of: the same instruction
-        stream under the same name, or the very same bytes, constants and names."""
+        stream under the same qualified name, or the very same bytes, constants (docstring
+        included) and local and global names under any name. Comprehensions and lambdas
+        (``<listcomp>``) are never clones by themselves: a short ``[f(v) for v in xs]`` is the
+        same bytes everywhere."""
+        if code.co_name.startswith("<"):
+            return None
         for e in self._by_clone.get(fp, ()):
             if e["qualname"] == qualname:
                 return e["label"]
@@ -1012,6 +1019,9 @@ class Guard:
         """Record a violation (it sticks) and stop the student's code here."""
         if message not in self.violations:
             self.violations.append(message)
+        if threading.get_ident() != self._thread:
+            # Python drops a profile hook that raises: this thread is not watched any more.
+            self._state.get("hooked", {}).pop(threading.get_ident(), None)
         raise OffLimitsError(message)
 
     def _refuse(self, label: tuple[str, str] | str, tamper: bool = False) -> None:
@@ -1027,11 +1037,19 @@ class Guard:
         its tables from locals, since it runs on every call and return of the probe."""
         me, seen, classify, c_ids, c_names = (self, self._seen, self._classify, self._c_ids,
                                               self._c_funcs)
+        state = self._state
+
+        def handover(frame, event, arg):
+            # A thread started during an earlier probe keeps this hook: it answers to the
+            # guard that is on now (``seal`` state is shared by every copy of this module).
+            active = state.get("active")
+            if active is not None and active is not me:
+                active.hook(frame, event, arg)
 
         def hook(frame, event, arg):
             if event == "call":
                 if me._closing:
-                    return
+                    return handover(frame, event, arg)
                 code = frame.f_code
                 entry = seen.get(id(code))
                 if entry is None or entry[0] is not code:
@@ -1040,7 +1058,7 @@ class Guard:
                     me._on_call(frame, entry)
             elif event == "c_call":
                 if me._closing:
-                    return
+                    return handover(frame, event, arg)
                 hit = c_ids.get(id(arg))
                 if hit is not None and hit[0] is arg:
                     me._on_c_id(frame, hit)
@@ -1050,6 +1068,14 @@ class Guard:
                     if label is not None:
                         me._on_forbidden((label, ""))
 
+        def thread_hook(frame, event, arg):
+            """The first event of a thread started while a probe runs: note the thread (it is
+            watched from now on, by whichever guard is on) and hand it the hook."""
+            state.setdefault("hooked", {})[threading.get_ident()] = threading.current_thread()
+            sys.setprofile(hook)
+            return hook(frame, event, arg)
+
+        self._thread_hook = thread_hook
         return hook
 
     def _on_call(self, frame, entry) -> None:
@@ -1174,6 +1200,8 @@ class Guard:
             if ident == me or ident in self._state["threads"]:
                 continue
             thread = threading._active.get(ident)
+            if self._state.get("hooked", {}).get(ident) is thread is not None:
+                continue  # started during a probe: it still has a guard's hook
             if not _kernel_thread(thread):
                 found.append(f"`{getattr(thread, 'name', ident)}`")
         return found
@@ -1198,10 +1226,11 @@ class Guard:
         self._switch_off_dispatchers()
         self._previous = (sys.getprofile(), getattr(threading, "_profile_hook", None))
         _ACTIVE = self
+        self._state["active"] = self
         if hasattr(threading, "setprofile_all_threads"):  # Python 3.12+: running threads too
             threading.setprofile_all_threads(self.hook)
         else:
-            threading.setprofile(self.hook)
+            threading.setprofile(self._thread_hook)
             sys.setprofile(self.hook)
         self._closing = False
 
@@ -1210,7 +1239,9 @@ class Guard:
         self._closing = True
         current = sys.getprofile()
         new_threads = getattr(threading, "_profile_hook", None)
-        if not self.violations and (current is not self.hook or new_threads is not self.hook):
+        expected = (self.hook if hasattr(threading, "setprofile_all_threads")
+                    else self._thread_hook)
+        if not self.violations and (current is not self.hook or new_threads is not expected):
             self.violations.append(
                 "your code switched off the check's watch for off-limits functions (the profile "
                 "hook was removed or replaced); the check cannot trust this result"
@@ -1221,6 +1252,8 @@ class Guard:
         sys.setprofile(previous)
         threading.setprofile(previous_threads)
         self._restore_dispatchers()
+        if self._state.get("active") is self:
+            self._state["active"] = None
         _ACTIVE = None
 
 
