@@ -42,9 +42,11 @@ code, the threads already running, and the functions and classes the checks rely
   ``get`` twins, ``sys.monitoring`` — is recorded as tampering, and so is a profile hook that is
   no longer the guard's when the probe ends.
 * Threads: before Python 3.12 a profile hook cannot be given to a thread that is already
-  running, so a thread the notebook started (not the kernel's, nor tqdm's monitor) that is still
-  running when a probe starts fails the case; a thread started with ``_thread`` directly (which
-  ``threading.setprofile`` does not reach) is refused.
+  running, so a thread the notebook's cells started (not the kernel's, nor tqdm's monitor) that
+  is still running when a probe starts fails the case. A thread started *during* a probe gets
+  the hook and keeps it: later it answers to whichever guard is on (the seal's ``active``), so a
+  worker left over from one check is watched in the next. A thread started with ``_thread``
+  directly (which ``threading.setprofile`` does not reach) is refused.
 
 The seal. ``tampered(state)`` lists what changed since ``seal()`` among the functions, methods,
 classes and modules of ``SEALED_MODULES`` (the simulator, the pipeline-parallel helpers, every
