@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from mlsys_lab.grading.wire import Opaque, Raised, raised
+from mlsys_lab.grading.wire import OffLimitsError, Opaque, Raised, raised
 
 #: Default prefix of the line ``run_cases_json`` prints (the grader passes its own random one).
 MARKER = "__MLSYS_LAB_GRADE__"
@@ -377,8 +377,6 @@ def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     judge then tests ``isinstance(raw, Raised) and raw.is_a("ValueError")``. A refusal of the
     guard is never turned into a value.
     """
-    from mlsys_lab.grading.guard import OffLimitsError
-
     try:
         return fn(*args, **kwargs)
     except OffLimitsError:

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_BYTES", "Opaque", "Raised", "WireError", "decode", "encode", "raised"]
+__all__ = ["MAX_BYTES", "OffLimitsError", "Opaque", "Raised", "WireError", "decode", "encode",
+           "raised"]
 
 #: Largest encoded result one exercise may send (characters of JSON).
 MAX_BYTES = 32 * 1024 * 1024
@@ -33,6 +34,11 @@ _TAG = "$"
 _short = reprlib.Repr()
 _short.maxstring = _short.maxother = 120
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 8
+
+
+class OffLimitsError(RuntimeError):
+    """Raised in the student's code when it calls a function the exercise forbids (by the
+    guard; defined here, beside ``Raised``, because ``attempt`` must never turn it into one)."""
 
 
 class WireError(ValueError):
