@@ -8,7 +8,6 @@
 __version__ = "0.1.0"
 
 import math as _math  # noqa: E402
-import os as _os  # noqa: E402
 
 import numpy as _np  # noqa: E402
 
@@ -35,6 +34,7 @@ from .engine.dtypes import (  # noqa: E402
 )
 from .engine.graph import Graph  # noqa: E402
 from .engine.graph import set_svg_renderer as _set_svg_renderer  # noqa: E402
+from .engine.interpreter import MEMORY_LIMIT as _MEMORY_LIMIT  # noqa: E402
 from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402
 from .engine.threads import limit_threads, num_threads, set_num_threads  # noqa: E402
 from .engine.trace import trace  # noqa: E402
@@ -111,23 +111,13 @@ def _allocate(fn, shape, dtype, make):
     nbytes = _math.prod(dims) * dt.itemsize
     message = (f"{fn}: cannot allocate shape {dims} of {dt}: {nbytes:,} bytes "
                f"({nbytes / 2**30:,.1f} GiB)")
-    if _PHYSICAL_MEMORY and nbytes > _PHYSICAL_MEMORY:  # would only succeed lazily, then crash
+    if _MEMORY_LIMIT and nbytes > _MEMORY_LIMIT:  # would only succeed lazily, then crash
         raise OutOfMemoryError(f"{message}, more than this machine's "
-                               f"{_PHYSICAL_MEMORY / 2**30:,.1f} GiB of memory")
+                               f"{_MEMORY_LIMIT / 2**30:,.1f} GiB of memory")
     try:
         return make(dims, dt)
     except (MemoryError, ValueError):  # ValueError: numpy's "array is too big"
         raise OutOfMemoryError(message) from None
-
-
-def _physical_memory():
-    try:
-        return _os.sysconf("SC_PAGE_SIZE") * _os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
-        return None
-
-
-_PHYSICAL_MEMORY = _physical_memory()
 
 
 def _render_svg(dot_source):
