@@ -86,10 +86,11 @@ class Op:
             broadcast_to), ``view(x, **attrs) -> ndarray`` makes that numpy view; executors
             then allocate no buffer for the output.
         fusion: for a fusable elementwise op, the expression template the fused-kernel
-            generator writes for it (``"math.exp({0})"``; ``{i}`` is input i). The template
-            may use the generator's scalar helpers (``math``, ``ZERO``, ``ONE``, ``_relu``,
-            ``_maximum``, ``_minimum``, ``_sign``, ``_tanh``, ``_sigmoid``; see
-            ``passes/fusion.py``).
+            generator writes for it (``"math.exp({0})"``; ``{i}`` is input i, ``{s<i>}`` is
+            ``_s`` where input i is one value for the whole loop). The template may use the
+            generator's scalar helpers (``math``, ``ZERO``, ``ONE``, ``_relu``, ``_maximum``,
+            ``_minimum``, ``_sign``, ``_tanh``, ``_sigmoid``, ``_pow`` / ``_pow_s``; see
+            ``passes/fusion/elementwise.py``).
         unfusable_reason: for an elementwise op with a floating result that has no ``fusion``
             template, why not (``cast`` takes a dtype attribute, which a fused program
             cannot carry).
