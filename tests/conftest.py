@@ -40,3 +40,21 @@ def pytest_collection_modifyitems(config, items):
         else:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture
+def own_segments(monkeypatch):
+    """``leftover()``: the shared-memory segments still linked that loaders started in this
+    test made. Other xdist workers run loaders at the same time, so a leak check that listed
+    every ``mlsys_dl_`` segment would count theirs too."""
+    from mlsys_lab.data import _shm
+
+    prefixes = []
+    make = _shm.new_prefix
+
+    def recording():
+        prefixes.append(make())
+        return prefixes[-1]
+
+    monkeypatch.setattr(_shm, "new_prefix", recording)
+    return lambda: sorted(n for p in prefixes for n in _shm.leftover_segments(p))

@@ -286,8 +286,7 @@ def test_persistent_workers_survive_epochs():
     iterable.close()
 
 
-def test_large_batches_come_back_through_shared_memory():
-    before = _shm.leftover_segments()
+def test_large_batches_come_back_through_shared_memory(own_segments):
     big = next(iter(DataLoader(Indexed(8, width=50_000), 8, num_workers=1)))
     small = next(iter(DataLoader(Indexed(8), 8, num_workers=1)))
 
@@ -299,7 +298,7 @@ def test_large_batches_come_back_through_shared_memory():
     assert not any(type(b).__name__ == "mmap" for b in bases(small["x"]))  # pickled
     np.testing.assert_array_equal(big["x"][:, 0], np.arange(8))
     big["x"][0, 0] = -1.0  # the batch is an ordinary writable array
-    assert _shm.leftover_segments() == before  # mapped and unlinked at once
+    assert own_segments() == []  # mapped and unlinked at once
     as_tensor = DataLoader(Indexed(8, width=50_000), 8, num_workers=1,
                            collate_fn=lambda s: ml.tensor(np.stack([x["x"] for x in s])))
     t = next(iter(as_tensor))

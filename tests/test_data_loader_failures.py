@@ -53,16 +53,15 @@ class Big(Dataset):
 
 
 @pytest.fixture
-def clean():
-    """Asserts, after the test, that no child process and no new segment is left (giving
-    shutdown a moment)."""
-    before = set(_shm.leftover_segments())
+def clean(own_segments):
+    """Asserts, after the test, that no child process and no segment of its loaders is left
+    (giving shutdown a moment)."""
     yield
     deadline = time.monotonic() + BOUND_S
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert multiprocessing.active_children() == []
-    assert set(_shm.leftover_segments()) - before == set()
+    assert own_segments() == []
 
 
 def workers_of(before):
