@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import inspect
 import json
+import queue
 import sys
 import textwrap
 import threading
@@ -1393,16 +1394,20 @@ def test_h5_a_replaced_simulator_scores_zero_under_the_grader(tmp_path):
     assert "`mlsys_lab.distributed.sim.run`" in row.feedback, report.to_table()
 
 
-def test_h10_a_thread_started_during_an_earlier_probe_stays_watched():
-    """A worker started inside one check that outlives it keeps a guard's hook: in the next
-    check it answers to the guard that is on then (and is not mistaken for a notebook's)."""
-    import queue
+class _Worker:
+    """A thread that runs the calls sent to it; the tests' answers start it inside a check."""
 
-    jobs: queue.Queue = queue.Queue()
+    def __init__(self):
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = None
 
-    def worker():
+    def start(self):
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
         while True:
-            fn, args, box = jobs.get()
+            fn, args, box = self.jobs.get()
             if fn is None:
                 return
             try:
@@ -1410,23 +1415,33 @@ def test_h10_a_thread_started_during_an_earlier_probe_stays_watched():
             except Exception as error:  # the refusal, raised in the worker
                 box.put(("error", error))
 
-    started = []
-
-    def topological_sort(nodes, edges):
-        if not started:
-            started.append(threading.Thread(target=worker, daemon=True))
-            started[0].start()
+    def ask(self, fn, *args):
+        """``fn(*args)`` run by the worker; None if it raised."""
         box: queue.Queue = queue.Queue()
-        jobs.put((schedule.kahn, (nodes, edges), box))
+        self.jobs.put((fn, args, box))
         kind, value = box.get(timeout=10)
         return value if kind == "ok" else None
+
+    def stop(self):
+        self.jobs.put((None, (), None))
+        self.thread.join(5)
+
+
+def test_h10_a_thread_started_during_an_earlier_probe_stays_watched():
+    """A worker started inside one check that outlives it keeps a guard's hook: in the next
+    check it answers to the guard that is on then (and is not mistaken for a notebook's)."""
+    worker = _Worker()
+
+    def topological_sort(nodes, edges):
+        if worker.thread is None:
+            worker.start()
+        return worker.ask(schedule.kahn, nodes, edges)
 
     try:
         first = run_cases("97.1", topological_sort, seed=1)
         second = run_cases("97.1", topological_sort, seed=2)
     finally:
-        jobs.put((None, (), None))
-        started[0].join(5)
+        worker.stop()
     assert first.score == 0 and "off limits" in _feedback(first), first.report()
     # Python removes a profile hook that raised (the refusal): the worker is unwatched now,
     # so it counts as a running thread the check cannot trust.
@@ -1437,36 +1452,18 @@ def test_h10_a_thread_started_during_an_earlier_probe_stays_watched():
 def test_h10_a_worker_started_during_a_probe_answers_to_the_next_guard():
     """A worker started inside one check that outlives it, and did nothing forbidden there,
     is watched in the next check by the guard that is on then."""
-    import queue
-
-    jobs: queue.Queue = queue.Queue()
-    started = []
-
-    def worker():
-        while True:
-            fn, args, box = jobs.get()
-            if fn is None:
-                return
-            try:
-                box.put(("ok", fn(*args)))
-            except Exception as error:  # the refusal, raised in the worker
-                box.put(("error", error))
+    worker = _Worker()
 
     def topological_sort(nodes, edges):
-        if not started:  # first check: start the worker, answer honestly
-            started.append(threading.Thread(target=worker, daemon=True))
-            started[0].start()
+        if worker.thread is None:  # first check: start the worker, answer honestly
+            worker.start()
             return honest_kahn(nodes, edges)
-        box: queue.Queue = queue.Queue()
-        jobs.put((schedule.kahn, (nodes, edges), box))
-        kind, value = box.get(timeout=10)
-        return value if kind == "ok" else None
+        return worker.ask(schedule.kahn, nodes, edges)
 
     try:
         first = run_cases("97.1", topological_sort, seed=1)
         second = run_cases("97.1", topological_sort, seed=2)
     finally:
-        jobs.put((None, (), None))
-        started[0].join(5)
+        worker.stop()
     assert first.score == 1, first.report()
     assert second.score == 0 and "off limits" in _feedback(second), second.report()
