@@ -50,14 +50,8 @@ def _shot(driver, name):
 
 
 def _wait(driver, condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = driver.execute_script(condition)
-        if value:
-            return value
-        time.sleep(0.25)
-    _shot(driver, "timeout-" + what)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return B.wait_for(driver, condition, what, timeout, poll=0.25,
+                      on_timeout=lambda: _shot(driver, "timeout-" + what))
 
 
 def test_chromium_and_its_driver_are_installed():

@@ -12,7 +12,6 @@ so the next key press moves it again. A missing browser fails these tests; it ne
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -71,13 +70,7 @@ def _page(tmp_path, name, module, css, state, rebuild):
 
 
 def _wait(driver, script, what, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = driver.execute_script(script)
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return B.wait_for(driver, script, what, timeout)
 
 
 @pytest.fixture(scope="module")

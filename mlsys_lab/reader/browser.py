@@ -81,6 +81,21 @@ def chromium(offline: bool = False, width: int = 1400, height: int = 1000):
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def wait_for(driver, script, what, timeout=10.0, poll=0.05, on_timeout=None):
+    """Run ``script`` in the page every ``poll`` seconds until it returns something true, and
+    return that; after ``timeout`` seconds call ``on_timeout()`` (a screenshot, say) and raise
+    ``AssertionError`` naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        time.sleep(poll)
+    if on_timeout is not None:
+        on_timeout()
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
