@@ -237,10 +237,9 @@ def im2col(x, kernel, stride, padding, dilation, pad_value):
     return cols.reshape(n * oh * ow, c * kh * kw), (oh, ow)
 
 
-def qconv_accumulator(x, xz, w, wz, bias, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
-                      groups=1):
-    """The accumulator of ``qlinear_conv`` (exact, int64): one row per output pixel (N·OH·OW
-    of them, NHWC order), one column per output channel; and ``(OH, OW)``."""
+def _qconv_np(x, xs, xz, w, ws, wz, ys, yz, bias, stride=(1, 1), padding=(0, 0),
+              dilation=(1, 1), groups=1, activation=None):
+    n = x.shape[0]
     o, cg = w.shape[:2]
     cols, (oh, ow) = im2col(x, w.shape[2:], stride, padding, dilation, int(xz))
     cols = cols.reshape(cols.shape[0], x.shape[1], -1)
@@ -253,14 +252,8 @@ def qconv_accumulator(x, xz, w, wz, bias, stride=(1, 1), padding=(0, 0), dilatio
                                                                             None]
         acc[:, g * og:(g + 1) * og] = a @ wg.T
     acc += bias.astype(np.int64).reshape(1, o)
-    return acc, (oh, ow)
-
-
-def _qconv_np(x, xs, xz, w, ws, wz, ys, yz, bias, stride=(1, 1), padding=(0, 0),
-              dilation=(1, 1), groups=1, activation=None):
-    acc, (oh, ow) = qconv_accumulator(x, xz, w, wz, bias, stride, padding, dilation, groups)
     y = requantize_np(acc, xs, ws, ys, yz, activation, yz.dtype, 1)
-    return np.ascontiguousarray(y.reshape(x.shape[0], oh, ow, -1).transpose(0, 3, 1, 2))
+    return np.ascontiguousarray(y.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
 
 
 # --- shape rules ------------------------------------------------------------------------------
