@@ -59,9 +59,9 @@ def _ort(model, x, optimise, u8u8=False):
 def _check_optimised(model, qdq, x, ours, step, saturation_expected):
     """onnxruntime's optimised session: exact where nothing can saturate, otherwise what int16
     pair sums predict (its Conv with a separate bias Add stays float; MatMul + Add becomes
-    its integer QGemm, hence ``ops``)."""
+    its integer QGemm, which is what run_int16_pairs models)."""
     theirs = _ort(model, x, optimise=True)
-    predicted = run_int16_pairs(K.lower_qdq(qdq), x, ops=("qlinear_matmul",))[0]
+    predicted = run_int16_pairs(K.lower_qdq(qdq), x)[0]
     # the prediction is numpy: whether these inputs saturate does not depend on the CPU
     gap = np.abs(predicted - ours).max() / step
     assert (gap > 2) if saturation_expected else (gap == 0)

@@ -35,11 +35,10 @@ import numpy as np
 from llvmlite import binding as llvm
 
 from ..engine.interpreter import Interpreter
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError
 from .int8_kernels import qmm_accumulator, requantize_np
 
 INT16 = np.iinfo(np.int16)
-SATURATING_OPS = ("qlinear_matmul",)
 
 
 def host_has_vnni() -> bool:
@@ -79,19 +78,11 @@ def _saturates(x, w):
 
 
 class Int16PairsInterpreter(Interpreter):
-    """The interpreter, with the u8 × s8 nodes whose op is in ``ops`` accumulating in
-    saturating int16 pairs (every other node, and other byte types, exactly as usual)."""
-
-    def __init__(self, graph, ops=SATURATING_OPS):
-        super().__init__(graph)
-        unknown = set(ops) - set(SATURATING_OPS)
-        if unknown:
-            raise ArgumentError(f"run_int16_pairs: ops must be among {SATURATING_OPS}, got "
-                                f"{sorted(unknown)}")
-        self.ops = tuple(ops)
+    """The interpreter, with every u8 × s8 ``qlinear_matmul`` accumulating in saturating int16
+    pairs (every other node, and other byte types, exactly as usual)."""
 
     def run_node(self, node, args):
-        if node.op not in self.ops or not _saturates(args[0], args[3]):
+        if node.op != "qlinear_matmul" or not _saturates(args[0], args[3]):
             return super().run_node(node, args)
         x, xs, xz, w, ws, wz, ys, yz, bias = args
         a = x.reshape(-1, x.shape[-1])
@@ -100,16 +91,10 @@ class Int16PairsInterpreter(Interpreter):
         return y.reshape(x.shape[:-1] + (w.shape[1],))
 
 
-def run_int16_pairs(graph, *inputs, ops=SATURATING_OPS):
+def run_int16_pairs(graph, *inputs):
     """The outputs of a lowered int8 graph (:func:`~.int8_kernels.lower_qdq`) as an x86 CPU
-    without VNNI computes them: u8 × s8 products summed in saturating int16 pairs.
-
-    Args:
-        graph: A graph whose quantised layers are ``qlinear_matmul`` / ``qlinear_conv`` nodes.
-        *inputs: Its inputs.
-        ops: Which of those ops run on the saturating kernel. onnxruntime, for instance, fuses
-            an exported ``MatMul`` + bias ``Add`` into its integer ``QGemm`` but runs a ``Conv``
-            whose bias is a separate ``Add`` in float32 (dequantised, so exact):
-            ``ops=("qlinear_matmul",)`` models that.
-    """
-    return Int16PairsInterpreter(graph, ops).run(*inputs)
+    without VNNI computes them: u8 × s8 ``qlinear_matmul`` products summed in saturating int16
+    pairs. Convolutions run exactly: onnxruntime, for one, runs the exported ``Conv`` whose bias
+    is a separate ``Add`` in float32 (dequantised), and fuses only ``MatMul`` + ``Add`` into its
+    integer ``QGemm``."""
+    return Int16PairsInterpreter(graph).run(*inputs)
