@@ -139,6 +139,23 @@ def test_a_dense_gradient_fails_the_sparse_case():
     fails(result, "only the touched rows")
 
 
+def dense_then_sliced(ids, offsets, grad_out, num_rows, mode):
+    """The whole (num_rows, dim) gradient, then only the touched rows of it: the right answer
+    without the idea (a sparse gradient never builds the table)."""
+    rows, dense = dense_gradient(ids, offsets, grad_out, num_rows, mode)
+    touched = np.unique(ids)
+    return rows[touched], dense[touched]
+
+
+def test_a_dense_gradient_sliced_to_the_touched_rows_fails_the_big_table():
+    # the big table has 2**40 rows: 32 TiB densely, so the dense step cannot run at all
+    result = run_cases("13.1", dense_then_sliced, seed=1)
+    fails(result, "only the touched rows")
+    assert "allocate" in case(result, "only the touched rows").feedback, feedback(result)
+    assert all(row.passed for row in result.rows if not row.name.startswith("only")), \
+        feedback(result)
+
+
 def test_forgetting_that_repeats_accumulate_fails():
     fails(run_cases("13.1", assigns_instead_of_adding, seed=2), "sum pooling", "mean pooling")
 

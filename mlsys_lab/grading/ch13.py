@@ -22,6 +22,12 @@ from mlsys_lab.grading.exercise import expect_each_raised
 # ----------------------------------------------------------------------------- inputs (both sides)
 
 
+#: The rows of the big-table case: 2**40 x 4 float64 is 32 TiB, so a dense gradient (built whole
+#: and then sliced to the touched rows, which reads right) cannot even be allocated, while ids
+#: up to 2**40 are plain int64 for np.unique and a dict.
+HUGE_TABLE = 2**40
+
+
 def _bag_case(rng, num_rows, dim, bags, max_bag, repeats, empty):
     sizes = rng.integers(0 if empty else 1, max_bag + 1, bags)
     if empty:
@@ -41,9 +47,9 @@ def _grad_configs(kind, seed):
         return [(*_bag_case(rng, 50, 3, 6, 4, True, False), "sum") for _ in range(4)] + [
             (np.array([7, 7, 7, 2]), np.array([0, 2]), np.array([[1.0, 2.0], [10.0, 20.0]]),
              9, "sum")]
-    if kind == "sparse":  # a big table, a small batch
-        return [(*_bag_case(rng, 20_000, 4, 8, 3, True, False), "sum"),
-                (*_bag_case(rng, 20_000, 4, 8, 3, False, False), "mean")]
+    if kind == "sparse":  # a table too large to exist densely, a small batch
+        return [(*_bag_case(rng, HUGE_TABLE, 4, 8, 3, True, False), "sum"),
+                (*_bag_case(rng, HUGE_TABLE, 4, 8, 3, False, False), "mean")]
     if kind == "mean":  # mean pooling with empty bags
         return [(np.array([1, 3, 3]), np.array([0, 0, 1, 3]),
                  np.array([[5.0], [6.0], [8.0], [1.0]]), 4, "mean")] + [
@@ -291,7 +297,9 @@ def _placement_errors_judge(raw):
 
 register(
     # 13.1. A wrong idea that still produces plausible output would fail because: a dense
-    # (num_rows, dim) gradient, or all rows 0..num_rows-1 with zeros, fails the big-table case;
+    # (num_rows, dim) gradient, or all rows 0..num_rows-1 with zeros, fails the big-table case,
+    # and so does a dense gradient built whole and then sliced to the touched rows (what it
+    # returns is right): that table has 2**40 rows, 32 TiB densely, which cannot be allocated;
     # assigning instead of adding (values[row] = g[bag]) loses repeated ids ("repeats"); giving
     # one entry per lookup (duplicate rows, PyTorch's uncoalesced form) is refused: each row
     # once; mean pooling that divides by the number of bags, by the total number of ids, or
@@ -325,7 +333,7 @@ register(
             Case("sum pooling: repeated ids add up, each touched row once", 2,
                  feedback="add every lookup's bag gradient into its row (+=, not =)",
                  probe=_grad_probe_of("repeats"), judge=_grad_judge_of("repeats")),
-            Case("only the touched rows of a 20 000-row table (a dense gradient is refused)", 2,
+            Case("only the touched rows of a 2**40-row table (too big to build densely)", 2,
                  feedback="return the touched rows and their gradients, not the whole table",
                  probe=_grad_probe_of("sparse"), judge=_grad_judge_of("sparse")),
             Case("mean pooling divides by each bag's size; empty bags add nothing", 2,
