@@ -15,6 +15,7 @@ import pytest
 
 from mlsys_lab.distributed import collective_allreduce, collectives, param_server, zero
 from mlsys_lab.distributed import pipeline_parallel as pp
+from mlsys_lab.grading import ch11
 from mlsys_lab.grading.checks import legacy_cases, run_cases
 
 from .exercise_results import case, fails, feedback, full
@@ -217,6 +218,36 @@ def test_one_warm_up_too_many_keeps_one_more_in_flight():
     result = run_cases("11.2", one_too_many, seed=4)
     assert case(result, "valid").passed and case(result, "no bubble").passed
     fails(result, "at most")
+
+
+def test_1f1b_tabulated_from_the_library_before_the_check_fails():
+    # every (p, m) the check used to draw (p <= 6, m <= 10), looked up in the library outside
+    # the check (where nothing is off limits), then served from the table: no rule needed
+    table = {(p, m): pp.one_f_one_b_schedule(p, m) for p in range(1, 7) for m in range(1, 11)}
+    result = run_cases("11.2", lambda p, m: table[(p, m)], seed=3)
+    fails(result, "valid", "at most", "no bubble")
+
+
+def test_1f1b_packed_on_the_wire_judged_as_given():
+    # the probe packs well-formed stages into int arrays; lists and numpy ints are pairs too,
+    # and an odd operation reaches the judge as the answer gave it
+    lists = run_cases("11.2", lambda p, m: [[["F", np.int64(j)] for j in range(m)]
+                                            + [["B", j] for j in range(m)] for _ in range(p)],
+                      seed=2)
+    assert case(lists, "valid").passed and case(lists, "no bubble").passed, feedback(lists)
+    for odd in (("F", True), ("F", -1), ("X", 0), "F0"):
+        result = run_cases("11.2", lambda p, m, odd=odd: [[odd] + [op for op in stage]
+                                                          for stage in one_f_one_b(p, m)],
+                           seed=2)
+        assert result.score == 0, feedback(result)
+        assert f"stage 0 holds {type(odd).__name__} {odd!r}" in feedback(result) or \
+            "exactly once: [('F', -1)" in feedback(result), feedback(result)
+
+
+def test_1f1b_draws_from_a_range_too_wide_to_tabulate():
+    drawn = [pm for seed in range(20) for pm in ch11._pipeline_configs(seed)[7:]]
+    assert max(p for p, _ in drawn) > 100 and max(m for _, m in drawn) > 200
+    assert all(p * m <= ch11.PIPELINE_MAX_WORK for p, m in drawn)  # each stays quick to judge
 
 
 @pytest.mark.parametrize("wrong", [reversed_warm_up, backward_first])
