@@ -108,6 +108,28 @@ def test_10_1_each_wrong_idea_fails_its_cases(wrong, failing):
     _failed(run_cases("10.1", wrong, seed=4), *failing)
 
 
+def read_off_the_layers(weight, bias, gamma, beta, mean, var, eps, kind):
+    """No fold: the unfolded layer (its own forward, then batch norm) run as a black box on
+    basis inputs, W' and b' read off its outputs by linearity (b' = f(0), W'e_k = f(e_k) - f(0))."""
+    shape_in = weight.shape[1:] if kind == "conv" else weight.shape[:1]
+
+    def layer(x):
+        y = np.einsum("ihw,oihw->o", x, weight) if kind == "conv" else x @ weight
+        y = y + (0.0 if bias is None else bias)
+        return (y - mean) / np.sqrt(var + eps) * gamma + beta
+
+    folded_b = layer(np.zeros(shape_in))
+    size = int(np.prod(shape_in))
+    rows = np.array([layer(np.eye(size)[k].reshape(shape_in)) - folded_b for k in range(size)])
+    return (rows.T.reshape(weight.shape) if kind == "conv" else rows), folded_b
+
+
+def test_10_1_weights_read_off_a_black_box_fail_the_exact_cases():
+    # the statistics sit far from zero (means and shifts of 1e5..1e6), where the closed form
+    # is exact to a few ulps but f(e_k) - f(0) cancels six digits away
+    _failed(run_cases("10.1", read_off_the_layers, seed=7), "conv", "linear", "no bias", "tiny")
+
+
 def test_10_1_feedback_names_the_wrong_idea():
     fb = _feedback(run_cases("10.1", _fold_with(scale_of=lambda g, v, e: g / (v + e)), seed=5))
     assert "var + eps instead of sqrt" in fb

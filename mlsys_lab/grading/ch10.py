@@ -50,6 +50,10 @@ def _call(fn, *args, **kwargs):
 # ----------------------------------------------------------------------------- inputs (both sides)
 
 
+#: How far the running means (and the shifts beta) lie from zero in 10.1's inputs.
+STAT_OFFSET = (1e5, 1e6)
+
+
 def _bn_case(seed, kind, with_bias=True, tiny_var=False, square=False):
     """Weights and batch-norm statistics in float64: a conv (O, I, kh, kw) with O != I, or a
     linear weight stored (in, out) as mlsys_lab's Linear stores it."""
@@ -67,6 +71,13 @@ def _bn_case(seed, kind, with_bias=True, tiny_var=False, square=False):
     mean = rng.standard_normal(o) * 2.0
     var = rng.uniform(1e-6, 4e-6, o) if tiny_var else rng.uniform(0.2, 4.0, o)
     eps = 1e-3 if tiny_var else 1e-5
+    # Running means far from zero (as after unnormalised inputs), and shifts of the same size
+    # and sign as (b - mean) * scale, so b' is as large and never cancels: the closed form is
+    # exact to a few ulps, while W' and b' read off evaluations of the unfolded layers
+    # (f(e_k) - f(0), with f(0) ~ 1e6) lose about six digits and miss the 1e-12 tolerance.
+    mean = mean + rng.uniform(*STAT_OFFSET, o) * rng.choice([-1.0, 1.0], o)
+    side = np.sign(((0.0 if b is None else b) - mean) * gamma)
+    beta = beta + side * rng.uniform(*STAT_OFFSET, o)
     return w, b, gamma, beta, mean, var, eps
 
 
@@ -622,7 +633,10 @@ register(
     # mean, or leaving the bias unfolded gives another b'; scaling a (in, out) linear weight
     # along axis 0 (its inputs) instead of axis 1 is caught by the square linear case (in a
     # conv the broadcast fails outright); float32 arithmetic misses the float64 tolerance;
-    # scaling the inputs in place fails the untouched case.
+    # scaling the inputs in place fails the untouched case. No fold at all — the unfolded
+    # layer run as a black box on basis inputs, W' and b' read off its outputs (b' = f(0),
+    # W' e_k = f(e_k) - f(0)) — fails the four value cases: the means and shifts lie 1e5..1e6
+    # from zero (STAT_OFFSET), so f(0) is that large and the differences lose six digits.
     Exercise(
         id="10.1",
         title="Fold batch norm into the layer before it",
