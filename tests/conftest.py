@@ -23,20 +23,42 @@ numba.core.config.reload_config()
 # its cells must run in order in one kernel.
 SERVICE_MODULES = {"test_browser.py", "test_mpi.py", "test_viz_keyboard.py", "test_cli_reader.py"}
 
+# A module whose module-scoped fixture is expensive (grading a class of notebooks, loading the
+# ONNX node-test corpus) runs on one worker, so the fixture is built once, not once per worker.
+WHOLE_MODULES = {"test_grading_class.py", "test_onnx_conformance.py"}
+
+# --- the quick tier (`python -m pytest -m "not slow"`) ---------------------------------------------
+# Everything that starts a kernel, a browser, mpiexec or the ONNX node-test corpus is `slow`: the
+# notebooks under nbval, the grader's round trips and the service tests. The inner loop runs the
+# rest; the README's full command (CI) runs everything. Mark a slow test elsewhere with
+# `@pytest.mark.slow`, or list its module here.
+SLOW_MODULES = SERVICE_MODULES | {
+    "test_grading.py", "test_grading_class.py", "test_grading_integrity.py",
+    "test_exercises_ch02_ch03.py", "test_exercises_ch04_ch06.py", "test_exercises_ch07_ch08.py",
+    "test_exercises_ch09.py", "test_exercises_ch10.py", "test_exercises_ch11.py",
+    "test_exercises_ch13.py", "test_onnx_conformance.py",
+}
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "service: starts a server, a browser or mpiexec (such "
                             "tests share one xdist group)")
+    config.addinivalue_line("markers", "slow: starts a kernel, a browser, mpiexec or runs a "
+                            "notebook; left out of the quick tier (-m 'not slow')")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = item.path
+        if path.suffix == ".ipynb" or path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
         if path.suffix == ".ipynb":
             group = f"notebook:{path.parent.name}/{path.name}"
         elif path.name in SERVICE_MODULES or item.get_closest_marker("service"):
             group = "services"
+        elif path.name in WHOLE_MODULES:
+            group = f"module:{path.name}"
         else:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
