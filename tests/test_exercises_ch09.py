@@ -224,13 +224,110 @@ def test_9_1_a_first_wave_then_serial_map_fails_sustained_concurrency():
     assert not row.passed and "only for the first items" in row.feedback, _feedback(result)
 
 
+def _events(calls):
+    """A call record as the probe sends it: ``calls`` in the order they ran, each a list of
+    ``(item, thread)`` started together and then ended together."""
+    return [[kind, i, t] for wave in calls for kind in "SE" for i, t in wave]
+
+
 def test_9_1_the_concurrency_case_needs_no_wall_time():
-    # the verdict comes from what the probe recorded, so a slow machine cannot fail it
+    # the verdict comes from the order of the recorded events, so a slow machine cannot fail it
     m, n, _ = ch09._concurrency_inputs(0)
-    raw = {"out": [x + 1 for x in range(n)], "peak": m, "overlap": [m] * n}
+    waves = [[(i + k, k) for k in range(m)] for i in range(0, n, m)]
+    raw = {"out": [x + 1 for x in range(n)], "events": _events(waves)}
     ch09._pm_concurrency_judge(raw, 0)
+    first_wave = _events(waves[:1]) + _events([[(i, 0)] for i in range(m, n)])
     with pytest.raises(AssertionError, match="only for the first items"):
-        ch09._pm_concurrency_judge({**raw, "overlap": [m] * m + [1] * (n - m)}, 0)
+        ch09._pm_concurrency_judge({**raw, "events": first_wave}, 0)
+
+
+def test_9_1_a_call_recorded_twice_or_not_at_all_fails():
+    m, n, _ = ch09._concurrency_inputs(0)
+    waves = [[(i + k, k) for k in range(m)] for i in range(0, n, m)]
+    raw = {"out": [x + 1 for x in range(n)], "events": _events(waves)}
+    with pytest.raises(AssertionError, match="item 0 started twice"):
+        ch09._pm_concurrency_judge({**raw, "events": _events(waves[:1]) + raw["events"]}, 0)
+    with pytest.raises(AssertionError, match="not called"):
+        ch09._pm_concurrency_judge({**raw, "events": _events(waves[1:])}, 0)
+
+
+def _free(fn):
+    """``{name: value}`` of what a function closes over."""
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+
+
+def _reachable(fn):
+    """Every function reachable from ``fn`` through closures, ``fn`` first."""
+    found, stack = [], [fn]
+    while stack:
+        f = stack.pop()
+        if callable(getattr(f, "__code__", None)) or not hasattr(f, "__code__") or f in found:
+            continue
+        found.append(f)
+        stack += [v for v in _free(f).values() if hasattr(v, "__code__")]
+    return found
+
+
+def serial_then_rewrite_records(fn, items, num_workers):
+    """H6 as filed: one item at a time, then the records the probe's fn kept in objects it
+    closes over rewritten to show num_workers calls at once and one thread per lane."""
+    for x in items:
+        yield fn(x)
+    cells = _free(fn)
+    if "peak" in cells:
+        cells["peak"][0] = num_workers
+        cells["overlap"].update(dict.fromkeys(cells["overlap"], num_workers))
+    if "ran_on" in cells:
+        cells["ran_on"].update({i: 1000 + i % num_workers for i in cells["ran_on"]})
+
+
+def serial_then_forge_the_pipe(fn, items, num_workers):
+    """The same against a record in a pipe: one item at a time, then a made-up record of
+    num_workers calls at once, one thread per lane, written to the pipe fn writes to."""
+    import os
+    import struct
+
+    n = 0
+    for x in items:
+        yield fn(x)
+        n += 1
+    for f in _reachable(fn):
+        fd = _free(f).get("write_end")
+        if isinstance(fd, int):
+            for first in range(0, n, num_workers):
+                lane = range(first, min(n, first + num_workers))
+                for kind in b"SE":
+                    for i in lane:
+                        os.write(fd, struct.pack("<cqQ", bytes([kind]), i,
+                                                 1000 + i % num_workers))
+
+
+def one_thread_brackets_the_calls(fn, items, num_workers):
+    """Uses the probe's own noting to open num_workers calls at once, then runs them one by
+    one on the consumer's thread."""
+    cells = _free(fn)
+    if "note" not in cells:  # a case that records nothing: a plain serial map
+        yield from (fn(x) for x in items)
+        return
+    note, work = cells["note"], cells["work"]
+    items = iter(items)
+    while chunk := [x for _, x in zip(range(num_workers), items)]:
+        for x in chunk:
+            note(b"S", x)
+        values = [work(x) for x in chunk]
+        for x in chunk:
+            note(b"E", x)
+        yield from values
+
+
+@pytest.mark.parametrize("cheat", [serial_then_rewrite_records, serial_then_forge_the_pipe,
+                                   one_thread_brackets_the_calls])
+def test_9_1_a_serial_map_cannot_rewrite_the_call_record(cheat):
+    # the probe's fn writes each call's start and end, with its thread, to an OS pipe as they
+    # happen: nothing the answer can reach holds the record, what was written stays, a forged
+    # call beside a real one is a call twice, and one thread cannot run two calls at once
+    result = run_cases("9.1", cheat, seed=12)
+    _failed(result, "num_workers calls", "producer i owns")
 
 
 def test_9_1_an_unordered_pool_fails_the_order():

@@ -2,7 +2,8 @@
 
 9.1 an order-preserving parallel map on threads, in which producer ``i`` of ``M`` owns items
 ``i + M*k``: outputs in input order although later items finish first, ``M`` calls running at
-once (not fewer, not more), the ownership itself read from the threads that ran each item, a
+once (not fewer, not more), the ownership itself read from the threads that ran each item (a
+record of fn's calls written to an OS pipe as they happen, out of the answer's reach), a
 bounded read-ahead and threads that finish; 9.2 a shard-aware sampler with DistributedSampler's
 semantics (one permutation shared by every rank, padding by repetition to equal lengths, strided
 shards, ``set_epoch``, ``drop_last``); 9.3 a bottleneck finder: the slowest of the read rate F,
@@ -18,6 +19,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import struct
+import sys
 import threading
 import time
 
@@ -116,6 +120,112 @@ def _concurrency_inputs(seed):
 #: At most this many items per worker may have been read from the input and not yet delivered.
 READ_AHEAD_PER_WORKER = 8
 
+# ----------------------------------------------------------------------------- the call record
+# The concurrency and ownership cases judge from when and where fn ran. Those records must be
+# out of the answer's reach: anything fn closes over, the answer can find (fn.__closure__) and
+# rewrite after running the items one by one. So fn writes each call's start and end, with the
+# thread it ran on, to an OS pipe the moment they happen: what is written cannot be taken back
+# or reordered, and the read end is held by the probe alone, which reads it once the answer has
+# returned. An answer that writes events of its own to the pipe only adds to the record: the
+# judge wants exactly one start and one end per item, so a forged call beside a real one is seen.
+
+_EVENT = struct.Struct("<cqQ")  # b"S" (start) or b"E" (end), the item, the thread's ident
+_OS_CALLS = ("pipe", "write", "read", "close", "set_blocking")
+
+
+def _os_calls():
+    """os.pipe, write, read, close and set_blocking, checked to be the operating system's own
+    C functions (a notebook that replaced one could rewrite the record on its way)."""
+    builtin, module = type(len), type(sys)
+    calls = {}
+    for name in _OS_CALLS:
+        f = getattr(os, name, None)
+        owner = getattr(f, "__self__", None)
+        if not (type(f) is builtin and type(owner) is module and f.__name__ == name
+                and owner.__name__ in ("posix", "nt")):
+            raise RuntimeError(f"os.{name} was replaced in this notebook; the check records "
+                               "fn's calls with it and cannot trust it")
+        calls[name] = f
+    return calls
+
+
+def _call_record():
+    """``(note, collect)``: ``note(kind, item)`` writes one event of a call of fn to a fresh
+    pipe; ``collect()`` stops the noting and returns the events in the order they happened,
+    as ``[kind, item, thread]`` with ``thread`` numbered by first appearance (0, 1, ...)."""
+    calls = _os_calls()
+    get_ident = threading.get_ident
+    read_end, write_end = calls["pipe"]()
+    calls["set_blocking"](write_end, False)  # a full pipe raises in fn instead of hanging
+    calls["set_blocking"](read_end, False)
+    lock = threading.Lock()
+    noting = [True]
+
+    def note(kind, item):
+        with lock:
+            if noting[0]:
+                calls["write"](write_end, _EVENT.pack(kind, item, get_ident()))
+
+    def collect():
+        with lock:
+            noting[0] = False
+            calls["close"](write_end)
+        chunks = []
+        try:  # never blocks: a copy of the write end the answer made may still be open
+            while chunk := calls["read"](read_end, 1 << 16):
+                chunks.append(chunk)
+        except BlockingIOError:
+            pass
+        finally:
+            calls["close"](read_end)
+        data = b"".join(chunks)
+        threads, events = {}, []
+        for start in range(0, len(data) - len(data) % _EVENT.size, _EVENT.size):
+            kind, item, ident = _EVENT.unpack_from(data, start)
+            events.append([kind.decode("latin-1"), item,
+                           threads.setdefault(ident, len(threads))])
+        return events
+
+    return note, collect
+
+
+def _calls_of(events, n, what):
+    """Each item's ``(start, end, thread)`` from the events (positions in the event order),
+    after checking that fn ran once per item: one start, then one end on the same thread."""
+    if not isinstance(events, list):
+        raise AssertionError(f"{what}: the check got {describe(events)}")
+    starts, ends = {}, {}
+    for position, event in enumerate(events):
+        if not (isinstance(event, list) and len(event) == 3 and event[0] in ("S", "E")):
+            raise AssertionError(f"{what}: the record of fn's calls is damaged")
+        kind, item, thread = event
+        seen = starts if kind == "S" else ends
+        if item in seen or not (isinstance(item, int) and 0 <= item < n):
+            raise AssertionError(f"{what}: the record of fn's calls shows item {item} "
+                                 f"{'started' if kind == 'S' else 'ended'} twice (or an item "
+                                 "that is not in the input); each item is one call of fn")
+        seen[item] = (position, thread)
+    missing = [i for i in range(n) if i not in starts or i not in ends]
+    if missing:
+        raise AssertionError(f"{what}: fn was not called (to the end) on item(s) {missing[:5]}")
+    calls = {}
+    for i in range(n):
+        (begin, thread), (end, end_thread) = starts[i], ends[i]
+        if end < begin or end_thread != thread:
+            raise AssertionError(f"{what}: the record of fn's calls is damaged (item {i})")
+        calls[i] = (begin, end, thread)
+    busy = {}  # thread -> the item whose call it is running
+    for kind, item, thread in events:  # a thread runs one call of fn at a time
+        if kind == "E":
+            busy.pop(thread, None)
+        elif thread in busy:
+            raise AssertionError(f"{what}: the record shows item {item} starting on the "
+                                 f"thread that was still running item {busy[thread]}; one "
+                                 "thread runs one call of fn at a time")
+        else:
+            busy[thread] = item
+    return calls
+
 # ----------------------------------------------------------------------------- probes
 
 
@@ -143,48 +253,43 @@ def _pm_edge_probe(parallel_map, seed):
                                    list(parallel_map(fn, values[:1], 1))]))
 
 
+def _recorded_map(parallel_map, work, n, m):
+    """``list(parallel_map(fn, range(n), m))`` where ``fn(i)`` notes its start, runs
+    ``work(i)`` and notes its end (see ``_call_record``); ``{"out", "events"}``, or the
+    ``{"hung": ...}`` of ``_bounded``."""
+    note, collect = _call_record()
+
+    def fn(i):
+        note(b"S", i)
+        value = work(i)
+        note(b"E", i)
+        return value
+
+    out = _bounded(lambda: list(parallel_map(fn, list(range(n)), m)))
+    events = collect()  # the answer has returned (or hung): later calls of fn note nothing
+    if isinstance(out, dict) and "hung" in out:
+        return out
+    return {"out": plain(out), "events": events}
+
+
 def _pm_concurrency_probe(parallel_map, seed):
     m, n, delay = _concurrency_inputs(seed)
-    lock = threading.Lock()
-    in_flight = set()
-    overlap = {}     # call -> the most calls in flight at any moment while it ran
-    peak = [0]
 
-    def fn(x):
-        with lock:
-            in_flight.add(x)
-            overlap[x] = 0
-            peak[0] = max(peak[0], len(in_flight))
-            for k in in_flight:
-                overlap[k] = max(overlap[k], len(in_flight))
+    def work(x):
         time.sleep(delay)
-        with lock:
-            in_flight.discard(x)
         return x + 1
 
-    def run():
-        out = list(parallel_map(fn, list(range(n)), m))
-        return {"out": out, "peak": peak[0], "overlap": [overlap.get(x, 0) for x in range(n)]}
-
-    return plain(_bounded(run))
+    return _recorded_map(parallel_map, work, n, m)
 
 
 def _pm_ownership_probe(parallel_map, seed):
     m, n, slow = _ownership_inputs(seed)
-    ran_on = {}
 
-    def fn(i):
-        ran_on[i] = threading.get_ident()
+    def work(i):
         time.sleep(0.08 if i == slow else 0.002 + 0.001 * (i % 3))
         return i
 
-    out = _bounded(lambda: list(parallel_map(fn, list(range(n)), m)))
-    if isinstance(out, dict):
-        return out
-    names = {}
-    for i in sorted(ran_on):
-        names.setdefault(ran_on[i], len(names))
-    return {"out": plain(out), "thread": [names.get(ran_on.get(i), -1) for i in range(n)]}
+    return _recorded_map(parallel_map, work, n, m)
 
 
 def _pm_streaming_probe(parallel_map, seed):
@@ -261,7 +366,16 @@ def _pm_concurrency_judge(raw, seed):
     if got.get("out") != [x + 1 for x in range(n)]:
         raise AssertionError(f"{n} items with {m} workers: wrong results "
                              f"{describe(got.get('out'))}")
-    peak = got["peak"]
+    _calls_of(got.get("events"), n, f"{n} items with {m} workers")
+    in_flight, overlap, peak = set(), [0] * n, 0  # overlap: the most calls in flight with it
+    for kind, item, _ in got["events"]:
+        if kind == "E":
+            in_flight.discard(item)
+            continue
+        in_flight.add(item)
+        peak = max(peak, len(in_flight))
+        for k in in_flight:
+            overlap[k] = max(overlap[k], len(in_flight))
     if peak == 1:
         raise AssertionError(f"with num_workers={m}, only one call of fn ran at a time: the map "
                              "is serial (fn must run on the worker threads, not in the consumer)")
@@ -271,9 +385,6 @@ def _pm_concurrency_judge(raw, seed):
     # Sustained, not only at the start: with equal sleeps every call of a real pool shares its
     # time with the other workers' calls (sleeping threads need no CPU, so this does not depend
     # on the machine's speed). Half the calls is a wide margin for lanes drifting apart.
-    overlap = got.get("overlap")
-    if not isinstance(overlap, list) or len(overlap) != n:
-        raise AssertionError(f"concurrency: the check got {describe(overlap)}")
     full = sum(1 for k in overlap if k == m)
     if full < n // 2:
         raise AssertionError(f"{n} calls with num_workers={m}: only {full} of them ran while "
@@ -286,9 +397,8 @@ def _pm_ownership_judge(raw, seed):
     got = _expect(_not_hung(raw, "ownership"), dict, "ownership")
     if got.get("out") != list(range(n)):
         raise AssertionError(f"wrong or reordered results: {describe(got.get('out'))}")
-    threads = got["thread"]
-    if -1 in threads:
-        raise AssertionError("fn was not called on some items")
+    calls = _calls_of(got.get("events"), n, f"{n} items with {m} workers")
+    threads = [calls[i][2] for i in range(n)]
     for r in range(m):
         lane = [threads[i] for i in range(r, n, m)]
         if len(set(lane)) != 1:
@@ -782,7 +892,12 @@ register(
     # concurrent.futures' map keeps the order but lets a free thread take a busy producer's
     # items (ownership case); reading the whole input first (list(items), submitting every
     # item to an executor) breaks the read-ahead bound; workers without an end marker are
-    # still alive after the last result.
+    # still alive after the last result. A serial map that rewrites the record of fn's calls
+    # once the items are done (H6: the record sat in dicts fn closes over) fails the
+    # concurrency and ownership cases: fn writes each call's start and end, with its thread,
+    # to an OS pipe as they happen (``_call_record``), so what happened cannot be taken back;
+    # a made-up record written beside the real one shows each item called twice, and one
+    # opened with the probe's own noting on one thread shows a thread in two calls at once.
     Exercise(
         id="9.1",
         title="An order-preserving parallel map",
