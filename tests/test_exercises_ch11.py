@@ -118,6 +118,54 @@ def bidirectional_ring(comm, x):
     return np.concatenate(a + b).reshape(x.shape)
 
 
+def batched_sum(comm, x):
+    """H7: one comm.batched request whose plan sums every rank's array and reports a ring's
+    traffic; no ring written (the reference ring only as the fallback the request needs)."""
+    def plan(arrays, op):
+        p, item = len(arrays), arrays[0].dtype.itemsize
+        lengths = np.array([c.size for c in np.array_split(arrays[0].reshape(-1), p)])
+        ranks = np.arange(p)
+        steps = [lengths[(ranks - s - 1) % p] * item for s in range(p - 1)] + \
+            [lengths[(ranks - s) % p] * item for s in range(p - 1)]
+        total = np.sum(np.stack(arrays), axis=0).astype(arrays[0].dtype)
+        return [total.copy() for _ in arrays], np.array(steps, np.int64).reshape(-1, p)
+
+    return (yield comm.batched("allreduce/ring", x, "sum", ring_allreduce(comm, x), plan))
+
+
+_INPUTS_SEEN = {}  # (run, rank) -> input: where the sham below takes its sum from
+
+
+def sum_from_a_dict(comm, x):
+    """H7: a ring's messages sent and received for show, each block the right size to the
+    right neighbour; the result is the sum of every rank's input kept in a module-level dict."""
+    p, r = comm.size, comm.rank
+    run = id(comm._engine)
+    _INPUTS_SEEN[run, r] = x.copy()
+    chunks = np.array_split(x.reshape(-1), p)
+    right, left = (r + 1) % p, (r - 1) % p
+    for step in range(2 * (p - 1)):
+        yield comm.sendrecv(chunks[(r - step) % p], dst=right, src=left)  # and ignored
+    return np.sum([_INPUTS_SEEN[run, k] for k in range(p)], axis=0).astype(x.dtype)
+
+
+def test_ring_a_batched_request_is_refused():
+    # comm.batched has the simulator run a whole collective: refused in every case
+    result = run_cases("11.1", batched_sum, seed=2)
+    assert result.score == 0, feedback(result)
+    assert all("comm.batched('allreduce/ring', ...)" in row.feedback for row in result.rows), \
+        feedback(result)
+
+
+def test_ring_a_sum_not_taken_from_the_messages_fails():
+    # the check adds delta to one message in transit: a ring's result changes by delta on one
+    # block of every rank, a sum taken from anywhere else does not change at all
+    result = run_cases("11.1", sum_from_a_dict, seed=3)
+    assert case(result, "[2,4,6]").passed, feedback(result)
+    fails(result, "sums", "ring traffic", "simulated time")
+    assert "no rank's result changed" in case(result, "ring traffic").feedback
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_ring_reference_scores_full_marks(seed):
     full(run_cases("11.1", ring_allreduce, seed=seed))
