@@ -504,3 +504,156 @@ def test_default_dilation_and_groups_leave_the_graph_as_it_was():
                  np.zeros((4, 1, 3, 3)))
     (node,) = [n for n in g.nodes if n.op == "conv2d"]
     assert node.attrs == {"stride": (1, 1), "padding": (0, 0), "dilation": (2, 2), "groups": 2}
+
+
+# --- the one im2col (mlsys_lab/engine/im2col.py) and every caller of it ----------------------
+def naive_windows(x, kernel, stride, padding, dilation, pad_value):
+    """(N, C, OH, OW, kh, kw) by four loops: entry [n, c, p, q, i, j] is the padded input's
+    pixel (p·sh + i·dh, q·sw + j·dw), the pad value outside the input."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    n, c, h, w = x.shape
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = np.empty((n, c, oh, ow, kh, kw), x.dtype)
+    for p in range(oh):
+        for q in range(ow):
+            for i in range(kh):
+                for j in range(kw):
+                    r, s = p * sh + i * dh - ph, q * sw + j * dw - pw
+                    inside = 0 <= r < h and 0 <= s < w
+                    out[:, :, p, q, i, j] = x[:, :, r, s] if inside else pad_value
+    return out
+
+
+def random_geometry(rng):
+    """A random (N, C, H, W), kernel, stride, padding and dilation whose kernel fits."""
+    kernel, stride = tuple(rng.integers(1, 4, 2)), tuple(rng.integers(1, 4, 2))
+    padding, dilation = tuple(rng.integers(0, 3, 2)), tuple(rng.integers(1, 3, 2))
+    span = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
+    hw = [int(rng.integers(max(1, s - 2 * p), s + 6)) for s, p in zip(span, padding)]
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 4)), *hw)
+    return shape, kernel, stride, padding, dilation
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_im2col_matches_a_loop_in_every_layout_and_order(seed):
+    from mlsys_lab.engine.im2col import im2col, windows
+
+    rng = np.random.default_rng(seed)
+    shape, kernel, stride, padding, dilation = random_geometry(rng)
+    dtype = [np.float32, np.float64, np.int8, np.uint8][seed % 4]
+    x = rng.integers(-100, 100, shape).astype(dtype) if seed % 4 > 1 else \
+        rng.standard_normal(shape).astype(dtype)
+    pad = 7
+    want = naive_windows(x, kernel, stride, padding, dilation, pad)  # (N, C, OH, OW, kh, kw)
+    n, c, oh, ow, kh, kw = want.shape
+    got = windows(x, kernel, stride, padding, dilation, pad_value=pad)
+    np.testing.assert_array_equal(got, want)
+    assert not got.flags.writeable
+    xh = x.transpose(0, 2, 3, 1)  # the same image, channels last (a strided view)
+    np.testing.assert_array_equal(
+        windows(xh, kernel, stride, padding, dilation, pad_value=pad, layout="NHWC"),
+        want.transpose(0, 2, 3, 1, 4, 5))
+    nkp = want.transpose(0, 1, 4, 5, 2, 3).reshape(n, c * kh * kw, oh * ow)  # taps (c, i, j)
+    expected = {"NKP": nkp, "NPK": nkp.transpose(0, 2, 1), "KNP": nkp.transpose(1, 0, 2)}
+    for order, matrix in expected.items():
+        cols, hw = im2col(x, kernel, stride, padding, dilation, pad_value=pad, order=order)
+        assert hw == (oh, ow) and cols.dtype == x.dtype and cols.flags.c_contiguous
+        np.testing.assert_array_equal(cols, matrix, err_msg=order)
+    npk = want.transpose(0, 2, 3, 4, 5, 1).reshape(n, oh * ow, kh * kw * c)  # taps (i, j, c)
+    rows, _ = im2col(xh, kernel, stride, padding, dilation, pad_value=pad, layout="NHWC")
+    np.testing.assert_array_equal(rows, npk)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_col2im_is_the_transpose_of_im2col(seed):
+    """<im2col(x), C> == <x, col2im(C)> for random x and C, and col2im adds every window
+    entry onto the pixel it was read from (checked by loops)."""
+    from mlsys_lab.engine.im2col import col2im, im2col
+
+    rng = np.random.default_rng(100 + seed)
+    shape, kernel, stride, padding, dilation = random_geometry(rng)
+    x = rng.standard_normal(shape)
+    cols, (oh, ow) = im2col(x, kernel, stride, padding, dilation)
+    c = rng.standard_normal(cols.shape)
+    gx = col2im(c, shape, kernel, stride, padding, dilation)
+    assert gx.shape == shape
+    np.testing.assert_allclose(np.sum(cols * c), np.sum(x * gx), rtol=1e-10)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    want = np.zeros(shape)
+    c6 = c.reshape(shape[0], shape[1], kh, kw, oh, ow)
+    for p in range(oh):
+        for q in range(ow):
+            for i in range(kh):
+                for j in range(kw):
+                    r, s = p * sh + i * dh - ph, q * sw + j * dw - pw
+                    if 0 <= r < shape[2] and 0 <= s < shape[3]:
+                        want[:, :, r, s] += c6[:, :, i, j, p, q]
+    np.testing.assert_allclose(gx, want, rtol=1e-12, atol=1e-12)
+
+
+def test_im2col_refuses_bad_arguments_by_name():
+    from mlsys_lab.engine.im2col import col2im, im2col, windows
+    from mlsys_lab.errors import ArgumentError
+
+    x = np.zeros((1, 2, 4, 4))
+    with pytest.raises(ShapeError, match=r"im2col: kernel \(5, 5\) .* larger"):
+        im2col(x, 5)
+    with pytest.raises(ShapeError, match=r"im2col: needs a 4-D NCHW input, got shape \(4, 4\)"):
+        windows(x[0, 0], 3)
+    with pytest.raises(ArgumentError, match="im2col: stride must be an int >= 1"):
+        windows(x, 3, stride=0)
+    with pytest.raises(ArgumentError, match="im2col: layout must be one of"):
+        windows(x, 3, layout="NWHC")
+    with pytest.raises(ArgumentError, match="im2col: order must be one of"):
+        im2col(x, 3, order="PKN")
+    with pytest.raises(ShapeError, match=r"col2im: .* needs columns \(1, 18, 4\)"):
+        col2im(np.zeros((1, 18, 5)), x.shape, 3)
+
+
+def test_every_numpy_window_in_the_library_is_the_one_im2col():
+    """No module but engine/im2col.py builds windows itself (as_strided, sliding_window_view
+    or an im2col of its own): the four copies this replaced must not come back."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(conv.__file__).resolve().parents[1]
+    pattern = re.compile(r"as_strided|sliding_window_view|def _?(im2col|img2col|unfold)\b")
+    allowed = {"engine/im2col.py",
+               "engine/ops_shape.py",  # as_strided of one zero: a broadcast probe, no windows
+               "kernels/conv.py"}  # img2col: the teaching name, a call of the one im2col
+    found = {str(p.relative_to(root)) for p in root.rglob("*.py")
+             if pattern.search(p.read_text(encoding="utf-8"))}
+    assert found <= allowed, sorted(found - allowed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_im2col_callers_agree_with_the_loop_convolution(seed):
+    """The callers of the one im2col on dilated, strided, padded and grouped cases: the
+    reference ``conv2d`` and its input gradient, the compiled GEMM kernels (strided path), the
+    channels-last op and the teaching kernel, against the seven loops."""
+    from mlsys_lab.engine import ops_nn
+    from mlsys_lab.engine.passes import layout_ops
+    from mlsys_lab.kernels import conv_gemm
+
+    rng = np.random.default_rng(200 + seed)
+    shape, kernel, stride, padding, dilation = random_geometry(rng)
+    stride = (stride[0], 2)  # the GEMM kernels' strided path
+    groups = shape[1] if seed % 2 else 1
+    x = rng.standard_normal(shape)
+    w = rng.standard_normal((2 * groups, shape[1] // groups, *kernel))
+    want = reference_conv(x, w, stride, padding, dilation, groups)
+    np.testing.assert_allclose(ops_nn._conv_np(x, w, stride, padding, dilation, groups), want,
+                               rtol=1e-10, atol=1e-10)
+    out = np.empty(want.shape)
+    conv_gemm.conv2d_gemm_out(out, x, w, stride, padding, dilation, groups)
+    np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-10)
+    g = rng.standard_normal(want.shape)  # <conv(x), g> == <x, conv_grad_input(g)>
+    gx = ops_nn._conv_grad_input_np(g, w, shape, stride, padding, dilation, groups)
+    np.testing.assert_allclose(np.sum(want * g), np.sum(x * gx), rtol=1e-9)
+    if groups == 1 and dilation == (1, 1):
+        xh, wh = x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0)
+        np.testing.assert_allclose(layout_ops._conv_nhwc(xh, wh, stride, padding),
+                                   want.transpose(0, 2, 3, 1), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(conv.conv2d_img2col(x, w, stride, padding), want,
+                                   rtol=1e-10, atol=1e-10)

@@ -42,6 +42,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from ..engine.im2col import im2col
 from ..engine.ops_nn import conv_out_size
 from ..engine.passes.rewrite import Rewriter, graph_pass
 from ..engine.registry import REGISTRY, AVal, defop, get, register_impl
@@ -219,29 +220,20 @@ def _conv_geometry(x_shape, w_shape, stride, padding, dilation):
     return oh, ow
 
 
-def im2col(x, kernel, stride, padding, dilation, pad_value):
-    """Columns of every ``kernel`` window of NCHW ``x``: (N·OH·OW, C·kh·kw), the padding filled
-    with ``pad_value`` (the input's zero point: the integer that means real 0)."""
-    n, c, h, w = x.shape
-    kh, kw = kernel
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad_value)
-    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    cols = np.empty((n, oh, ow, c, kh, kw), x.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            rows = slice(i * dh, i * dh + (oh - 1) * sh + 1, sh)
-            win = xp[:, :, rows, j * dw:j * dw + (ow - 1) * sw + 1:sw]
-            cols[..., i, j] = win.transpose(0, 2, 3, 1)
-    return cols.reshape(n * oh * ow, c * kh * kw), (oh, ow)
+def _window_rows(x, w, stride, padding, dilation, xz):
+    """(N·OH·OW, C·kh·kw): one row per window of NCHW ``x`` (im2col's "NPK" order, taps
+    (c, i, j) like the OIHW weight), the padding filled with the input's zero point (the
+    integer that means real 0); and (OH, OW)."""
+    rows, hw = im2col(x, w.shape[2:], stride, padding, dilation, pad_value=int(xz),
+                      order="NPK")
+    return rows.reshape(-1, rows.shape[2]), hw
 
 
 def _qconv_np(x, xs, xz, w, ws, wz, ys, yz, bias, stride=(1, 1), padding=(0, 0),
               dilation=(1, 1), groups=1, activation=None):
     n = x.shape[0]
     o, cg = w.shape[:2]
-    cols, (oh, ow) = im2col(x, w.shape[2:], stride, padding, dilation, int(xz))
+    cols, (oh, ow) = _window_rows(x, w, stride, padding, dilation, xz)
     cols = cols.reshape(cols.shape[0], x.shape[1], -1)
     wzv = np.broadcast_to(np.asarray(wz, np.int64), (o,))
     acc = np.empty((cols.shape[0], o), np.int64)
@@ -334,7 +326,7 @@ def qlinear_conv_out(out, x, xs, xz, w, ws, wz, ys, yz, bias, stride=(1, 1), pad
                      dilation=(1, 1), groups=1, activation=None):
     """``qlinear_conv`` by im2col (padding with the input's zero point) and the Numba GEMM."""
     n, o = x.shape[0], w.shape[0]
-    cols, (oh, ow) = im2col(x, w.shape[2:], stride, padding, dilation, int(xz))
+    cols, (oh, ow) = _window_rows(x, w, stride, padding, dilation, xz)
     bt, w_sum = pack_weight(w, wz, conv=True)
     og, cg = o // groups, w.shape[1] * w.shape[2] * w.shape[3]
     wsv = np.broadcast_to(np.asarray(ws), (o,))
@@ -504,5 +496,5 @@ def _emit_qlinear(rw, graph, m):
     return y
 
 
-__all__ = ["int8_matmul", "float32_matmul", "qgemm", "pack_weight", "im2col",
-           "qlinear_matmul_out", "qlinear_conv_out", "lower_qdq", "QUANT_DTYPES"]
+__all__ = ["int8_matmul", "float32_matmul", "qgemm", "pack_weight", "qlinear_matmul_out",
+           "qlinear_conv_out", "lower_qdq", "QUANT_DTYPES"]

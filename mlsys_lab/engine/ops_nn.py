@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import ArgumentError, DTypeError, OpError, ShapeError
 from . import dtypes
 from .dispatch import apply, tsum
+from .im2col import col2im, windows
 from .ops_math import cast, exp, sqrt
 from .ops_shape import mean, reshape, sum
 from .registry import AVal, defop
@@ -270,56 +271,38 @@ def _conv_infer(x, w, stride, padding, dilation=(1, 1), groups=1, op="conv2d"):
     return AVal((x.shape[0], w.shape[0], oh, ow), x.dtype)
 
 
-def _unfold(x, kernel, stride, padding, dilation):
-    """(N, C, kh, kw, OH, OW) read-only view of the zero-padded input: entry [n, c, i, j, p, q]
-    is ``xpad[n, c, p*sh + i*dh, q*sw + j*dw]``, the input pixel that tap (i, j) of the kernel
-    meets at output (p, q)."""
-    ph, pw = padding
-    if ph or pw:
-        x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
-    oh = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1
-    ow = (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
-    s = x.strides
-    return np.lib.stride_tricks.as_strided(
-        x, (x.shape[0], x.shape[1], kh, kw, oh, ow),
-        (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False)
-
-
-def _img2col(x, kernel, stride, padding, dilation, groups):
-    """The unfolded input as (N, groups, C/groups * kh * kw, OH * OW), rows ordered (c, i, j)
-    like a weight's (C/groups, kh, kw) (a copy: each pixel appears once per tap), and
-    (OH, OW)."""
-    win = _unfold(x, kernel, stride, padding, dilation)
-    n, c, kh, kw, oh, ow = win.shape
-    return win.reshape(n, groups, c // groups * kh * kw, oh * ow), (oh, ow)
+def _grouped_columns(x, kernel, stride, padding, dilation, groups):
+    """im2col's "NKP" matrix split into groups, (N, groups, C/groups * kh * kw, OH * OW), rows
+    ordered (c, i, j) like a weight's (C/groups, kh, kw), and (OH, OW). Reshaped straight from
+    the :func:`~.im2col.windows` view, numpy copies only where it must: where it need not (a
+    kernel one column wide, say) the GEMM gets the strided view, as it always has, and its
+    rounding stays the reference's."""
+    win = windows(x, kernel, stride, padding, dilation)  # (N, C, OH, OW, kh, kw)
+    n, c, oh, ow, kh, kw = win.shape
+    cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, groups, c // groups * kh * kw, oh * ow)
+    return cols, (oh, ow)
 
 
 def _conv_np(x, w, stride, padding, dilation=(1, 1), groups=1):
     o, cg, kh, kw = w.shape
-    cols, (oh, ow) = _img2col(x, (kh, kw), stride, padding, dilation, groups)
+    cols, (oh, ow) = _grouped_columns(x, (kh, kw), stride, padding, dilation, groups)
     y = np.matmul(w.reshape(groups, o // groups, cg * kh * kw), cols)  # (N, groups, O/g, P)
     return y.reshape(x.shape[0], o, oh, ow)
 
 
 def _conv_grad_input_np(g, w, x_shape, stride, padding, dilation=(1, 1), groups=1):
-    n, c, h, wd = x_shape
+    n, c = x_shape[:2]
     o, cg, kh, kw = w.shape
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     oh, ow = g.shape[2:]
     wt = w.reshape(groups, o // groups, cg * kh * kw).transpose(0, 2, 1)
     cols = np.matmul(wt, g.reshape(n, groups, o // groups, oh * ow))  # (N, groups, K, P)
-    cols = cols.reshape(n, c, kh, kw, oh, ow)
-    gx = np.zeros((n, c, h + 2 * ph, wd + 2 * pw), g.dtype)
-    for i in range(kh):  # each tap's column block goes back where _unfold took it from
-        for j in range(kw):
-            gx[:, :, i * dh:i * dh + sh * oh:sh, j * dw:j * dw + sw * ow:sw] += cols[:, :, i, j]
-    return gx[:, :, ph:ph + h, pw:pw + wd]
+    return col2im(cols.reshape(n, c, kh, kw, oh, ow), x_shape, (kh, kw), stride, padding,
+                  dilation)
 
 
 def _conv_grad_weight_np(x, g, w_shape, stride, padding, dilation=(1, 1), groups=1):
     o, cg, kh, kw = w_shape
-    cols, (oh, ow) = _img2col(x, (kh, kw), stride, padding, dilation, groups)
+    cols, (oh, ow) = _grouped_columns(x, (kh, kw), stride, padding, dilation, groups)
     gg = g.reshape(x.shape[0], groups, o // groups, oh * ow)
     return np.matmul(gg, cols.transpose(0, 1, 3, 2)).sum(axis=0).reshape(w_shape)
 
@@ -416,32 +399,27 @@ def _pool_infer(name):
 
 
 def _pool_taps(x, kernel, stride, padding, fill):
-    """The padded input (``fill`` in the padding) and, for each tap (i, j) of the window in
-    row-major order, its (N, C, OH, OW) strided view: what that tap reads at every output."""
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
-    if ph or pw:
-        x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
-    oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
-    taps = [x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-            for i in range(kh) for j in range(kw)]
-    return x, taps
+    """For each tap (i, j) of the window in row-major order, its (N, C, OH, OW) strided view of
+    the input padded with ``fill``: what that tap reads at every output."""
+    win = windows(x, kernel, stride, padding, pad_value=fill)
+    return [win[..., i, j] for i in range(kernel[0]) for j in range(kernel[1])]
 
 
 def _first_max(x, kernel, stride, padding):
-    """The padded input (-inf in the padding), each window's maximum and the index of its
-    first maximum among the taps (a NaN beats everything, the first NaN winning: np.argmax's
-    choice), taking the taps in row-major order."""
-    xp, taps = _pool_taps(x, kernel, stride, padding, -np.inf)
+    """Each window's maximum (-inf in the padding) and the index of its first maximum among
+    the taps (a NaN beats everything, the first NaN winning: np.argmax's choice), taking the
+    taps in row-major order."""
+    taps = _pool_taps(x, kernel, stride, padding, -np.inf)
     best, first = taps[0].copy(), np.zeros(taps[0].shape, np.intp)
     for k, v in enumerate(taps[1:], 1):
         take = (v > best) | (np.isnan(v) & ~np.isnan(best))
         first += take * (k - first)  # k where the tap takes over, else unchanged
         np.maximum(best, v, out=best)  # the new maximum (NaN sticks)
-    return xp, best, first
+    return best, first
 
 
 def _maxpool_np(x, kernel, stride, padding):
-    _, taps = _pool_taps(x, kernel, stride, padding, -np.inf)
+    taps = _pool_taps(x, kernel, stride, padding, -np.inf)
     out = taps[0].copy()
     for v in taps[1:]:
         np.maximum(out, v, out=out)  # NaN propagates, as in a max
@@ -449,8 +427,8 @@ def _maxpool_np(x, kernel, stride, padding):
 
 
 def _maxpool_select_np(u, x, kernel, stride, padding):
-    _, taps = _pool_taps(u, kernel, stride, padding, 0.0)
-    first = _first_max(x, kernel, stride, padding)[2]
+    taps = _pool_taps(u, kernel, stride, padding, 0.0)
+    first = _first_max(x, kernel, stride, padding)[1]
     out = np.zeros(first.shape, u.dtype)
     for k, tap in enumerate(taps):
         out = np.where(first == k, tap, out)
@@ -458,15 +436,10 @@ def _maxpool_select_np(u, x, kernel, stride, padding):
 
 
 def _maxpool_scatter_np(g, x, kernel, stride, padding):
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
-    xp, _, first = _first_max(x, kernel, stride, padding)
-    oh, ow = first.shape[2:]
-    out = np.zeros(xp.shape, g.dtype)
-    for k in range(kh * kw):  # each tap's windows send g to the pixel it read, where it won
-        i, j = divmod(k, kw)
-        out[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
-            np.where(first == k, g, 0)
-    return out[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]]
+    first = _first_max(x, kernel, stride, padding)[1]
+    # each window sends g to the pixel it read at its winning tap, 0 from the others
+    return col2im(lambda i, j: np.where(first == i * kernel[1] + j, g, 0), x.shape, kernel,
+                  stride, padding)
 
 
 _maxpool_infer = _pool_infer("max_pool2d")
@@ -525,20 +498,13 @@ MAX_POOL2D_SCATTER = defop("max_pool2d_scatter", compute=_maxpool_scatter_np,
 
 
 def _avgpool_np(x, kernel, stride, padding):
-    _, taps = _pool_taps(x, kernel, stride, padding, 0.0)
+    taps = _pool_taps(x, kernel, stride, padding, 0.0)
     return np.add.reduce(taps) / (kernel[0] * kernel[1])  # NaN in, NaN out; padding adds 0
 
 
 def _avgpool_grad_np(g, x_shape, kernel, stride, padding):
-    n, c, h, w = x_shape
-    ph, pw = padding
-    out = np.zeros((n, c, h + 2 * ph, w + 2 * pw), g.dtype)
-    oh, ow = g.shape[2:]
-    share = g / (kernel[0] * kernel[1])
-    for i in range(kernel[0]):
-        for j in range(kernel[1]):
-            out[:, :, i:i + stride[0] * oh:stride[0], j:j + stride[1] * ow:stride[1]] += share
-    return out[:, :, ph:ph + h, pw:pw + w]
+    share = g / (kernel[0] * kernel[1])  # every tap of a window gets the same share
+    return col2im(lambda i, j: share, x_shape, kernel, stride, padding)
 
 
 def _avgpool_vjp(g, xs, y, needs, kernel, stride, padding):

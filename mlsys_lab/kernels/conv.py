@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine.im2col import im2col
 from ..errors import ShapeError
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -123,7 +124,9 @@ def conv2d_direct(x, w, stride=1, padding=0, layout="NCHW"):
 
 
 def img2col(x, kh, kw, stride=1, padding=0, layout="NCHW"):
-    """Unfold every receptive field of ``x`` into one column (NCHW) or row (NHWC).
+    """Unfold every receptive field of ``x`` into one column (NCHW) or row (NHWC): the
+    library's one :func:`~mlsys_lab.engine.im2col.im2col` (which also takes a dilation and
+    other axis orders), with this module's argument checks.
 
     Args:
         x: input, (N, C, H, W) or (N, H, W, C).
@@ -142,24 +145,9 @@ def img2col(x, kh, kw, stride=1, padding=0, layout="NCHW"):
     if x.ndim != 4:
         raise ShapeError(f"img2col: need a 4-D input, got shape {x.shape}")
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
-    sh, sw = stride
-    if layout == "NCHW":
-        n, c, h, wd = x.shape
-        oh, ow = _output_size(h, wd, kh, kw, stride, padding)
-        xp = _pad(x, padding, (2, 3))
-        cols = np.empty((n, c, kh, kw, oh, ow), x.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                cols[:, :, i, j] = xp[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw]
-        return cols.reshape(n, c * kh * kw, oh * ow)
-    n, h, wd, c = x.shape
-    oh, ow = _output_size(h, wd, kh, kw, stride, padding)
-    xp = _pad(x, padding, (1, 2))
-    rows = np.empty((n, oh, ow, kh, kw, c), x.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            rows[:, :, :, i, j] = xp[:, i:i + sh * oh:sh, j:j + sw * ow:sw, :]
-    return rows.reshape(n, oh * ow, kh * kw * c)
+    hw = x.shape[2:] if layout == "NCHW" else x.shape[1:3]
+    _output_size(*hw, kh, kw, stride, padding)  # a kernel that does not fit: ShapeError
+    return im2col(x, (kh, kw), stride, padding, layout=layout)[0]
 
 
 def conv2d_img2col(x, w, stride=1, padding=0, layout="NCHW"):

@@ -7,6 +7,7 @@ import numpy as np
 
 from ...errors import DTypeError, ShapeError
 from .. import dtypes
+from ..im2col import windows
 from ..registry import REGISTRY, AVal, defop
 from ..shapes import conv_out_size
 
@@ -19,15 +20,6 @@ def _register(name, compute, infer, **fields):
 
 
 # --- channels-last convolution and pooling --------------------------------------------------
-def _nhwc_windows(x, kh, kw, stride, padding, fill=0.0):
-    """(N, OH, OW, C, kh, kw) view of the padded NHWC input's sliding windows."""
-    ph, pw = padding
-    if ph or pw:
-        x = np.pad(x, ((0, 0), (ph, ph), (pw, pw), (0, 0)), constant_values=fill)
-    win = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(1, 2))
-    return win[:, ::stride[0], ::stride[1]]
-
-
 def _conv_nhwc_infer(x, w, stride, padding):
     if len(x.shape) != 4 or len(w.shape) != 4:
         raise ShapeError(f"conv2d_nhwc: expects input (N, H, W, C) and weight (kH, kW, C, O), "
@@ -47,7 +39,7 @@ def _conv_nhwc_infer(x, w, stride, padding):
 
 
 def _conv_nhwc(x, w, stride, padding):
-    win = _nhwc_windows(x, w.shape[0], w.shape[1], stride, padding)  # (N, OH, OW, C, kh, kw)
+    win = windows(x, w.shape[:2], stride, padding, layout="NHWC")  # (N, OH, OW, C, kh, kw)
     return np.tensordot(win, w, axes=((3, 4, 5), (2, 0, 1)))  # (N, OH, OW, O)
 
 
@@ -66,11 +58,11 @@ def _pool_nhwc_infer(name):
 
 
 def _max_pool_nhwc(x, kernel, stride, padding):
-    return _nhwc_windows(x, *kernel, stride, padding, -np.inf).max(axis=(4, 5))
+    return windows(x, kernel, stride, padding, pad_value=-np.inf, layout="NHWC").max(axis=(4, 5))
 
 
 def _avg_pool_nhwc(x, kernel, stride, padding):
-    return _nhwc_windows(x, *kernel, stride, padding, 0.0).mean(axis=(4, 5))
+    return windows(x, kernel, stride, padding, layout="NHWC").mean(axis=(4, 5))
 
 
 CONV2D_NHWC = _register("conv2d_nhwc", _conv_nhwc, _conv_nhwc_infer)
