@@ -1,5 +1,8 @@
-"""Thread pools: ``set_num_threads`` / ``limit_threads`` set numpy's BLAS and Numba's threads, and
-the compiled executor holds BLAS at one thread while a graph that mixes the pools runs."""
+"""Thread pools: ``set_num_threads`` / ``limit_threads`` set numpy's BLAS and Numba's threads,
+``cap_process_threads`` caps every pool of a worker process for good, and the compiled executor
+holds BLAS at one thread while a graph that mixes the pools runs."""
+
+import os
 
 import numpy as np
 import pytest
@@ -85,3 +88,54 @@ def test_a_graph_mixing_numba_and_blas_runs_with_one_blas_thread(restore_threads
         assert seen == [before]
     finally:
         REGISTRY.pop("threads_probe", None)
+
+
+CAP_IN_A_FRESH_PROCESS = """
+import json, os, sys
+import os
+
+import numpy as np
+from threadpoolctl import threadpool_info
+import numba
+from mlsys_lab.engine.threads import THREAD_VARIABLES, cap_process_threads, num_threads
+before = num_threads()
+cap_process_threads(1)
+print(json.dumps({"before": before, "after": num_threads(),
+                  "pools": [p["num_threads"] for p in threadpool_info()],
+                  "env": {k: os.environ.get(k) for k in THREAD_VARIABLES}}))
+"""
+
+
+def test_cap_process_threads_caps_every_pool_and_the_variables_for_later_libraries():
+    """The DataLoader workers' helper, distinct from ``limit_threads``: permanent, and it also
+    sets the thread variables (for libraries a worker loads later) and every threadpoolctl pool;
+    run in a fresh process because nothing is restored."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in threads.THREAD_VARIABLES}
+    env.pop("NUMBA_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, "-c", CAP_IN_A_FRESH_PROCESS], env=env, text=True,
+                          capture_output=True, timeout=300, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["after"] == {"blas": 1, "numba": 1}
+    assert got["pools"] and set(got["pools"]) == {1}
+    assert got["env"] == {k: "1" for k in threads.THREAD_VARIABLES}
+    if (os.cpu_count() or 1) > 1:  # it did change something
+        assert got["before"]["numba"] > 1
+
+
+def test_the_data_loader_workers_use_the_one_process_cap():
+    from mlsys_lab.data import _worker
+
+    assert _worker.cap_process_threads is threads.cap_process_threads
+    assert not hasattr(_worker, "limit_threads")  # the second meaning of the name is gone
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, None, "1"])
+def test_cap_process_threads_refuses_a_bad_count_before_changing_anything(bad, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    with pytest.raises(ml.ArgumentError, match="cap_process_threads: n must be a positive"):
+        threads.cap_process_threads(bad)
+    assert os.environ["OMP_NUM_THREADS"] == "7"

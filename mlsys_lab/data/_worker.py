@@ -37,15 +37,12 @@ from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 
+from ..engine.threads import cap_process_threads
 from ..errors import MLSysError
 from . import _shm, collate
 
 _PARENT_CHECK_S = 1.0  # how often an idle worker checks that the main process still exists
 _SHUTDOWN_GRACE_S = 0.5  # how long workers get to exit by themselves before SIGTERM
-# For libraries a worker loads later; numba's own variable is left alone (numba refuses a
-# changed NUMBA_NUM_THREADS once its pool runs) and numba.set_num_threads is used instead.
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                     "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +98,7 @@ def worker_loop(config, payload, task_conn, result_conn):
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     try:
-        limit_threads(config.threads)
+        cap_process_threads(config.threads)
         dataset, collate_fn, init_fn = _start(config, payload)
     except BaseException as e:  # report every start-up failure, then exit
         _send(result_conn, ("fatal", describe(e, getattr(e, "_mlsys_stage", "start"))))
@@ -133,22 +130,6 @@ def worker_loop(config, payload, task_conn, result_conn):
         server.packer.close()
 
 
-def limit_threads(threads):
-    """Cap BLAS/OpenMP (threadpoolctl, and the usual variables for libraries loaded later) and
-    Numba at ``threads`` threads in this process."""
-    for name in _THREAD_VARIABLES:
-        os.environ[name] = str(threads)
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        pass
-    else:
-        threadpool_limits(limits=threads)
-    numba = sys.modules.get("numba")
-    if numba is not None:
-        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-
-
 def _start(config, payload):
     global _worker_info
     if isinstance(payload, bytes):
@@ -157,7 +138,7 @@ def _start(config, payload):
         except BaseException as e:
             e._mlsys_stage = "unpickle"
             raise
-        limit_threads(config.threads)  # again: unpickling may have loaded numba or a BLAS
+        cap_process_threads(config.threads)  # again: unpickling may have loaded numba or a BLAS
     dataset, collate_fn, init_fn = payload
     _worker_info = WorkerInfo(config.worker_id, config.num_workers, config.seed, dataset)
     random.seed(config.seed)

@@ -2,11 +2,15 @@
 
 Each pool keeps its idle workers spinning for a while after a call, so a parallel kernel of
 one pool started right after the other's call finds the cores still busy
-(``benchmarks/matmul.py`` measures it). Three ways to set them:
+(``benchmarks/matmul.py`` measures it). Four ways to set them:
 
-* :func:`set_num_threads` — for the rest of the process: worker processes and grading kernels
-  run ``set_num_threads(blas=1, numba=1)``, one thread of each per process;
-* :func:`limit_threads` — a context manager, the settings restored on exit;
+* :func:`set_num_threads` — BLAS and Numba, for the rest of the process, returning the counts
+  it replaced;
+* :func:`limit_threads` — the same for one ``with`` block, the counts restored on exit;
+* :func:`cap_process_threads` — every pool of a process that was just started, for good: the
+  DataLoader's workers call it first (one thread each by default, so that N workers do not run
+  N × cores threads). It also caps OpenMP pools and sets the thread variables that libraries
+  loaded later read;
 * ``ml.compile(..., threads=...)`` — per compiled graph (see
   :class:`~mlsys_lab.engine.compiler.Executable`): a ``cpu-numba`` graph that runs Numba's
   parallel kernels and BLAS kernels back to back holds BLAS at one thread while it runs
@@ -17,10 +21,17 @@ BLAS is reached through ``threadpoolctl`` (a dependency), Numba through
 """
 
 import contextlib
+import os
+import sys
 
 from ..errors import ArgumentError
 
 _controller = None
+#: The variables that size the thread pools of libraries a process loads later. Numba's own
+#: (``NUMBA_NUM_THREADS``) is left alone: Numba refuses a changed value once its pool runs, so
+#: :func:`cap_process_threads` calls ``numba.set_num_threads`` instead.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
 def _blas():
@@ -87,3 +98,33 @@ def limit_threads(blas=None, numba=None):
     finally:
         set_num_threads(blas=before["blas"] if blas is not None else None,
                         numba=before["numba"] if numba is not None else None)
+
+
+def cap_process_threads(n):
+    """Cap every thread pool of this process at ``n`` threads, for good (nothing is restored):
+    the first call of a freshly started worker process.
+
+    Where :func:`limit_threads` sets numpy's BLAS and Numba for one block and restores them,
+    this reaches everything a worker may run on, now and later:
+
+    * the variables of :data:`THREAD_VARIABLES` (``OMP_NUM_THREADS`` ...), read by libraries
+      the process loads after this call and by the processes it starts;
+    * every pool threadpoolctl finds loaded: BLAS and OpenMP;
+    * Numba's threads (at most ``NUMBA_NUM_THREADS``) if Numba is imported already (it is not
+      imported for this). Call again after loading code that may have imported it or a BLAS
+      (the DataLoader's workers do, after unpickling the dataset).
+
+    Raises:
+        ArgumentError: ``n`` is not a positive integer.
+    """
+    n = check_count("cap_process_threads: n", n)
+    if n is None:
+        raise ArgumentError("cap_process_threads: n must be a positive integer, got None")
+    for name in THREAD_VARIABLES:
+        os.environ[name] = str(n)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n)
+    numba = sys.modules.get("numba")
+    if numba is not None:
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
