@@ -25,6 +25,7 @@ import threading
 import numpy as np
 
 from mlsys_lab.grading.checks import Case, Exercise, describe, expect_close, plain, register
+from mlsys_lab.grading.exercise import DEFAULT_ALLOWED
 
 # ----------------------------------------------------------------------------- shared helpers
 
@@ -829,6 +830,7 @@ register(
         target=("matmul_tiled", "matmul_tiled_kernel"),
         task="the tiled matmul kernel",
         forbidden=("mlsys_lab.kernels.cpu",),
+        allowed=DEFAULT_ALLOWED + ("numba",),  # the kernel is an @njit function
         cases=(
             Case("float32, odd sizes, inputs untouched", 1,
                  feedback="c = a @ b for any (m×k) @ (k×n)",
@@ -856,6 +858,7 @@ register(
         target="matmul_shared",
         task="the shared-memory CUDA kernel",
         forbidden=("mlsys_lab.kernels.cuda",),
+        allowed=DEFAULT_ALLOWED + ("numba",),  # a @cuda.jit kernel, on numba's simulator
         cases=(
             Case("(5×7) @ (7×3): one block", 1, feedback="c = a @ b, float32, in a CUDA kernel",
                  probe=_shared_one_block_probe, judge=_shared_one_block_judge),

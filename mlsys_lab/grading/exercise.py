@@ -74,6 +74,30 @@ class Case:
         return _takes_seed(self.probe) or _takes_seed(self.judge)
 
 
+#: The closed probe's base: the standard library's plain data modules (and the C modules behind
+#: them), which any answer may use while a probe runs. Threads (``threading``, ``queue``) are
+#: among them; process pools, ``concurrent.futures``, ``os``, ``subprocess``, ``ctypes`` and
+#: every package outside the standard library are not. An entry names a module and its
+#: submodules; one starting with ``-`` takes a submodule back out (the longest match wins).
+CLOSED_BASE = (
+    "builtins", "abc", "array", "bisect", "cmath", "collections", "contextlib", "copy",
+    "dataclasses", "datetime", "decimal", "enum", "fractions", "functools", "heapq",
+    "itertools", "json", "math", "numbers", "operator", "queue", "random", "re", "reprlib",
+    "statistics", "string", "struct", "sys", "textwrap", "threading", "time", "types", "typing",
+    "warnings", "weakref",
+    # the C modules behind them
+    "_abc", "_bisect", "_collections", "_collections_abc", "_datetime", "_decimal",
+    "_functools", "_heapq", "_json", "_operator", "_pydecimal", "_queue", "_random", "_sre",
+    "_string", "_struct", "_thread", "_warnings", "_weakref", "_weakrefset", "sre_compile",
+    "sre_constants", "sre_parse",
+)
+#: numpy's arrays, without its bridges to other code (compilers, C libraries).
+NUMPY = ("numpy", "-numpy.f2py", "-numpy.distutils", "-numpy.ctypeslib")
+#: What a probe may run by default (``Exercise.allowed``): the base, numpy and the library
+#: (minus the exercise's ``forbidden`` functions, which refuse on their own).
+DEFAULT_ALLOWED = CLOSED_BASE + NUMPY + ("mlsys_lab",)
+
+
 @dataclass(frozen=True)
 class Exercise:
     """A graded exercise: an id like ``"4.1"``, a title, its cases and the name(s) it grades.
@@ -87,6 +111,12 @@ class Exercise:
     ``"mlsys_lab.engine.graph:Graph.dependency"``, a class for all its methods, a bare module
     for all its functions); they refuse to run while a probe runs. ``task`` completes the
     refusal "this exercise asks you to write <task> yourself" (default: the target names).
+
+    ``allowed`` closes the probe: while it runs, calls made from the student's code may only go
+    to the student's own code and to these modules (``DEFAULT_ALLOWED``: the standard library's
+    plain data modules, numpy and mlsys_lab); any other module or package (scipy, torch,
+    ``concurrent.futures``, ...) refuses like a forbidden function. An exercise that needs more
+    lists it (``allowed=DEFAULT_ALLOWED + ("numba",)``); ``None`` leaves the probe open.
     """
 
     id: str
@@ -95,6 +125,7 @@ class Exercise:
     target: str | tuple[str, ...]
     forbidden: tuple[str, ...] = ()
     task: str = ""
+    allowed: tuple[str, ...] | None = DEFAULT_ALLOWED
 
     @property
     def targets(self) -> tuple[str, ...]:

@@ -29,6 +29,18 @@ code, the threads already running, and the functions and classes the checks rely
   instruction n-grams (``shingles``; locals, strings and jump targets abstracted, padding
   ignored) is at least ``SIMILAR``. A match raises ``OffLimitsError`` and records the refusal;
   a refusal sticks, so catching the error does not help.
+* The closed probe (the plan's ``allowed``, from ``Exercise.allowed``): a function of a module
+  the allowlist does not permit (longest matching entry; ``-numpy.f2py`` takes one back out) is
+  refused when the student's code called it — directly, from C (``map``, ``partial``), or
+  through standard-library frames (a callback: ``heapq.merge(key=f)``; a ``threading.Thread``
+  the student's code started, whose target it is). The module of a function is the one its
+  file is loaded as; the student's own code (``_origin``: neither known to the seal nor
+  installed code as it is on disk) may claim any file and is always permitted. A permitted
+  package calling others inside itself is not refused, nor is the standard library using its
+  own modules, nor module code run by an import (importing is not running), nor ``__del__``.
+  C functions the student's code calls are judged by the module of the function (or of the
+  class defining the method). The import machinery and the kernel's output path (``print``)
+  are always allowed.
 * C functions named in the plan (``"math:fsum"``, ``"numpy:ndarray.mean"``) are refused when
   Python code calls them, on any object whose class inherits the method (a call made from C,
   ``map(math.fsum, ...)``, is not seen: prefer to forbid the Python function behind a C entry
@@ -274,33 +286,121 @@ def similarity(a: types.CodeType, b: types.CodeType) -> float:
     return len(x & y) / len(x | y) if x or y else 1.0
 
 
+def _exact_const(value: Any) -> tuple:
+    if isinstance(value, frozenset):  # its order depends on the process's string hashes
+        return ("frozenset", tuple(sorted(repr(v) for v in value)))
+    return (type(value).__name__, repr(value))
+
+
 def _exact(code: types.CodeType) -> tuple:
     """What a code object does, exactly: its bytes, constants and names (nested code included)."""
-    consts = tuple(_exact(c) if isinstance(c, types.CodeType) else (type(c).__name__, repr(c))
+    consts = tuple(_exact(c) if isinstance(c, types.CodeType) else _exact_const(c)
                    for c in code.co_consts)
     return (code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars,
             code.co_cellvars, code.co_flags, code.co_argcount, code.co_kwonlyargcount)
 
 
-_GRADER_OWN: dict[tuple, tuple] = {}  # where -> _exact of the grading package's code there
+_ON_DISK: dict[str, dict[tuple, tuple] | None] = {}  # file -> {where: _exact of its code there}
+
+
+def _on_disk(filename: str) -> dict[tuple, tuple] | None:
+    """``{where: (_exact, code)}`` of every code object compiled from a source file as it is on
+    disk (once per file), or None when it is not a Python source file that compiles."""
+    path = _REALPATH.get(filename) or os.path.realpath(filename)
+    if path in _ON_DISK:
+        return _ON_DISK[path]
+    table = None
+    if path.endswith(".py") and not filename.startswith("<"):
+        top = _cached_code(path)
+        if top is None:
+            try:
+                with open(path, "rb") as f:
+                    top = compile(f.read(), path, "exec", dont_inherit=True)
+            except (OSError, SyntaxError, ValueError):
+                top = None
+        if top is not None:
+            table = {_where(c): (_exact(c), c) for c in _codes(top)}
+    _ON_DISK[path] = table
+    return table
+
+
+def _cached_code(path: str) -> types.CodeType | None:
+    """The code in a source file's ``__pycache__`` entry when it is up to date with the file
+    (its recorded modification time and size match, as the import system checks), else None:
+    reading it is many times faster than compiling the source."""
+    import importlib.util
+    import marshal
+    try:
+        cached = importlib.util.cache_from_source(path)
+        with open(cached, "rb") as f:
+            data = f.read()
+        stat = os.stat(path)
+    except (OSError, NotImplementedError, ValueError):
+        return None
+    if len(data) < 16 or data[:4] != importlib.util.MAGIC_NUMBER:
+        return None
+    flags = int.from_bytes(data[4:8], "little")
+    if flags != 0 or (int.from_bytes(data[8:12], "little") != int(stat.st_mtime) & 0xFFFFFFFF
+                      or int.from_bytes(data[12:16], "little") != stat.st_size & 0xFFFFFFFF):
+        return None  # a hash-based or stale entry: compile the source instead
+    try:
+        code = marshal.loads(data[16:])
+    except (EOFError, ValueError, TypeError):
+        return None
+    if not isinstance(code, types.CodeType) or os.path.realpath(code.co_filename) != path:
+        return None
+    return code
+
+
+_ROOTS: list[tuple[str, ...]] = []
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Where installed code lives: the standard library, site-packages and the mlsys_lab
+    package (an editable install lives elsewhere)."""
+    if not _ROOTS:
+        import site
+        import sysconfig
+        paths = sysconfig.get_paths()
+        roots = [paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+        try:
+            roots += site.getsitepackages() + [site.getusersitepackages()]
+        except AttributeError:  # a virtualenv's old site module
+            pass
+        roots.append(os.path.dirname(_GRADING_DIR))  # .../mlsys_lab
+        _ROOTS.append(tuple(sorted({os.path.join(os.path.realpath(r), "") for r in roots
+                                    if r})))
+    return _ROOTS[0]
+
+
+def _as_on_disk(code: types.CodeType) -> bool:
+    """Whether ``code`` is exactly what an installed source file (the standard library's,
+    site-packages', mlsys_lab's), as it is on disk, compiles to at its place: the library's own
+    code, loaded after the seal or a private copy, and not a clone or an edit claiming the
+    file's name. A file the notebook wrote elsewhere (its folder, /tmp) is never the library's.
+    """
+    if code.co_filename.startswith("<"):
+        return False
+    path = _where(code)[0]
+    if not path.startswith(_library_roots()):
+        return False
+    table = _on_disk(code.co_filename)
+    known = table.get(_where(code)) if table else None
+    return known is not None and known[0] == _exact(code)
+
+
+def _code_at(where: tuple) -> types.CodeType | None:
+    """The code object the file ``where[0]`` compiles to at ``where`` (a forbidden function's
+    code, for its n-grams, when the kernel has not imported it)."""
+    table = _on_disk(where[0]) if not _synthetic(where[0]) else None
+    known = table.get(tuple(where)) if table else None
+    return known[1] if known else None
 
 
 def _grader_own(code: types.CodeType) -> bool:
     """Whether ``code`` is the grading package's own code, compiled from its files as they are
     on disk (the private copies the grader's hidden cell runs): same place, same bytes."""
-    filename = code.co_filename
-    if not _grading_file(filename):
-        return False
-    if not _GRADER_OWN.get(("loaded", filename)):
-        try:
-            with open(filename, encoding="utf-8") as f:
-                top = compile(f.read(), filename, "exec", dont_inherit=True)
-        except (OSError, SyntaxError, ValueError):
-            return False
-        for c in _codes(top):
-            _GRADER_OWN[_where(c)] = _exact(c)
-        _GRADER_OWN[("loaded", filename)] = ("loaded",)
-    return _GRADER_OWN.get(_where(code)) == _exact(code)
+    return _grading_file(code.co_filename) and _as_on_disk(code)
 
 
 def fingerprint(code: types.CodeType) -> str:
@@ -352,8 +452,11 @@ def _entry(code: types.CodeType, label: str) -> dict:
     path, line, qualname = _where(code)
     fp, size = _identity(code)
     _CODE_OF_FP.setdefault(fp, code)
+    # How many n-grams it has: the kernel compares a copy's count first, and computes the
+    # n-grams themselves only for the few functions of about its size.
+    grams = len(shingles(code)) if size >= DISTINCTIVE else 0
     return {"label": label, "file": path, "line": line, "qualname": qualname, "size": size,
-            "fp": fp, "distinctive": size >= DISTINCTIVE}
+            "fp": fp, "distinctive": size >= DISTINCTIVE, "grams": grams}
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -550,7 +653,9 @@ def _make_plan(exercise) -> dict:
     for entry in code:  # a probe helper with the same bytecode must not be refused
         if entry["fp"] in used_fps:
             entry["distinctive"] = False
-    return {"task": task_of(exercise), "code": code, "builtins": builtin}
+    allowed = getattr(exercise, "allowed", None)
+    return {"task": task_of(exercise), "code": code, "builtins": builtin,
+            "allowed": list(allowed) if allowed is not None else None}
 
 
 # ----------------------------------------------------------------------------- the seal
@@ -573,8 +678,12 @@ _SEAL_NAME = "__mlsys_lab_seal_{}__"
 _LOCAL_SEAL: dict | None = None
 
 
+_SEALED_TOPS = frozenset(m.partition(".")[0] for m in SEALED_MODULES)
+
+
 def _sealed_name(name: str) -> bool:
-    return (any(name == m or name.startswith(m + ".") for m in SEALED_MODULES)
+    return (name.partition(".")[0] in _SEALED_TOPS
+            and any(name == m or name.startswith(m + ".") for m in SEALED_MODULES)
             and not any(name == m or name.startswith(m + ".") for m in _NOT_SEALED))
 
 
@@ -649,6 +758,26 @@ def _baseline() -> dict[int, types.CodeType]:
     return found
 
 
+def _baseline_alive() -> dict[int, types.CodeType]:
+    """``_baseline`` for a kernel where no student code has run yet: the code of every function
+    object alive (the collector tracks them all), nested code included."""
+    found: dict[int, types.CodeType] = {}
+    function = types.FunctionType
+    main = getattr(sys.modules.get("__main__"), "__dict__", None)
+    code_type = types.CodeType
+    for fn in gc.get_objects():
+        if type(fn) is function and fn.__globals__ is not main:
+            code = fn.__code__
+            if id(code) in found:  # closures made by one function share its code
+                continue
+            todo = [code]
+            while todo:
+                c = todo.pop()
+                found[id(c)] = c
+                todo.extend(k for k in c.co_consts if type(k) is code_type)
+    return found
+
+
 def _snapshot_members(owner: Any) -> dict[str, tuple]:
     """name -> (object, its __code__, its __defaults__, its __kwdefaults__) for every callable or
     module in ``owner``'s namespace."""
@@ -700,16 +829,13 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
     from mlsys_lab.grading.exercise import get_exercise
     for ex_id in exercise_ids:
         try:
-            exercise = get_exercise(ex_id)
+            get_exercise(ex_id)
         except Exception:  # an unknown exercise: the grader reports it
             continue
-        for spec in exercise.forbidden:
-            try:
-                _resolve(spec)
-            except Exception:  # a broken spec: the grader reports it when it plans
-                pass
+    # The forbidden functions are not imported here: their code and n-grams are compiled from
+    # their files when a probe first needs them (``_code_at``), and library code loaded after
+    # the seal is recognised as it is on disk (``_as_on_disk``).
     forbidden = {_where(code): code for code in _CODE_OF_FP.values()}
-    forbidden.update((_where(ref), ref) for ref in _reference_codes())
     import json.encoder
     try:
         from IPython.display import publish_display_data
@@ -726,7 +852,9 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
                _channel_objects()]
     start = getattr(threading.Thread.start, "__code__", None)
     state = {
-        "codes": _baseline(),
+        # A keyed seal runs in a fresh kernel before any student cell: every function alive
+        # is the library's, and the collector lists them faster than walking the modules.
+        "codes": _baseline_alive() if key is not None else _baseline(),
         "forbidden": forbidden,
         "grams": {},
         "similar": {},
@@ -742,6 +870,9 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         "keyed": key is not None,
         "active": None,  # the guard that is on now
         "hooked": {},  # ident -> thread: threads started while a probe ran (they are watched)
+        "origins": {},  # id(code) -> (code, its module or None, whether it is the student's)
+        "files": {"modules": -1, "map": {}},  # source file -> module, for the closed probe
+        "student_threads": weakref.WeakSet(),  # threads the student's code started
     }
     if key is not None:
         import builtins
@@ -818,27 +949,50 @@ def tampered(state: dict) -> list[str]:
 
 
 def _trusted(state: dict, code: types.CodeType) -> bool:
-    """Whether ``code`` is not the student's: held by a module when the seal was taken, or the
-    grading package's own code as it is on disk."""
-    return state["codes"].get(id(code)) is code or _grader_own(code)
+    """Whether ``code`` is not the student's: held by a module when the seal was taken, or
+    installed code as it is on disk (the grading package's private copies, a library module
+    imported since)."""
+    return state["codes"].get(id(code)) is code or _as_on_disk(code)
 
 
-def _similar(state: dict, code: types.CodeType, fps: Iterable[str]) -> list[str]:
-    """Those of the forbidden functions ``fps`` that ``code`` is a copy of (Jaccard similarity
-    of their n-grams at least ``SIMILAR``); each pair is compared once per kernel."""
+def _forbidden_code(state: dict, where: tuple, fp: str) -> types.CodeType | None:
+    """A forbidden function's code: the seal's, the one the plan was made from (``check()``),
+    or compiled from its file."""
+    where = tuple(where)
+    return state["forbidden"].get(where) or _CODE_OF_FP.get(fp) or _code_at(where)
+
+
+def _grams_of(state: dict, fp: str, where: tuple) -> frozenset | None:
+    grams = state["grams"].get(fp)
+    if grams is None:
+        code = _forbidden_code(state, where, fp)
+        if code is None:
+            return None
+        grams = state["grams"][fp] = shingles(code)
+    return grams
+
+
+def _similar(state: dict, code: types.CodeType, fps: dict[str, int | None],
+             where_of: dict[str, tuple]) -> list[str]:
+    """Those of the forbidden functions ``fps`` (fingerprint -> n-gram count) that ``code`` is a
+    copy of (Jaccard similarity of their n-grams at least ``SIMILAR``); each pair is compared
+    once per kernel, and only functions of about the same size are looked at."""
     known = state["similar"].get(id(code))
     if known is None or known[0] is not code:
         known = state["similar"][id(code)] = (code, {})  # holds it: its id is not reused
     verdicts = known[1]
-    mine = None
-    for fp in fps:
+    mine = shingles(code)
+    n = len(mine)
+    for fp, count in fps.items():
         if fp in verdicts:
             continue
-        grams = state["grams"].get(fp)
+        if count is not None and (not n or min(n, count) < SIMILAR * max(n, count)):
+            verdicts[fp] = False  # Jaccard <= min / max
+            continue
+        grams = _grams_of(state, fp, where_of[fp])
         if grams is None:
             continue
-        mine = shingles(code) if mine is None else mine
-        n, m = len(mine), len(grams)
+        m = len(grams)
         if not n or min(n, m) < SIMILAR * max(n, m):  # Jaccard <= min / max
             verdicts[fp] = False
             continue
@@ -897,7 +1051,106 @@ def _watched_python() -> dict[int, tuple[Any, str]]:
     return found
 
 
-_FORBIDDEN, _TAMPER, _DISPATCH, _SPAWN = 1, 2, 3, 4
+# ----------------------------------------------------------------------------- the closed probe
+
+#: Always allowed, whatever the exercise: the import statement's machinery (importing is not
+#: running: a module that is not allowed still refuses when it is called), the kernel's own
+#: output path (``print`` in the student's code writes through ipykernel's streams) and
+#: pytest's capture.
+_KERNEL_IO = ("importlib._bootstrap", "importlib._bootstrap_external", "_frozen_importlib",
+              "_frozen_importlib_external", "_imp", "zipimport", "ipykernel", "IPython", "zmq",
+              "jupyter_client", "traitlets", "tornado", "comm", "_pytest", "_io", "io",
+              "codecs", "encodings")
+_STDLIB = frozenset(sys.stdlib_module_names)
+_IMPORTING = ("importlib._bootstrap", "_frozen_importlib")
+
+
+def _allowlist(entries: Iterable[str]) -> tuple[dict[str, bool], ...]:
+    """An exercise's ``allowed`` entries as one table: module -> permitted (``-`` refuses)."""
+    table = {name: True for name in _KERNEL_IO}
+    for entry in entries:
+        table[entry.lstrip("-")] = not entry.startswith("-")
+    return (table,)
+
+
+def _permits(allowed: tuple[dict[str, bool], ...], module: str) -> bool:
+    """Whether ``module`` may run: the longest allowlist entry that is it or a package above it
+    says so."""
+    table = allowed[0]
+    name = module
+    while True:
+        verdict = table.get(name)
+        if verdict is not None:
+            return verdict
+        name, dot, _ = name.rpartition(".")
+        if not dot:
+            return False
+
+
+def _module_of(state: dict, path: str) -> str | None:
+    """The module a source file is loaded as (``sys.modules``), or None."""
+    files = state["files"]
+    module = files["map"].get(path)
+    if module is None and files["modules"] != len(sys.modules):
+        table, done = files["map"], files.setdefault("done", set())
+        for name, mod in list(sys.modules.items()):
+            if name in done:
+                continue
+            done.add(name)
+            filename = getattr(mod, "__file__", None)
+            if isinstance(filename, str):
+                real = _REALPATH.get(filename)
+                if real is None:
+                    real = _REALPATH[filename] = os.path.realpath(filename)
+                table.setdefault(real, name)
+        files["modules"] = len(sys.modules)
+        module = table.get(path)
+    return module
+
+
+def _claimed_module(state: dict, code: types.CodeType) -> str | None:
+    """The module ``code``'s file name says it belongs to (true for the library's code; the
+    student's may claim any), or None."""
+    filename = code.co_filename
+    if filename.startswith("<frozen "):
+        return filename[8:-1]
+    if _synthetic(filename):
+        return None
+    return _module_of(state, _where(code)[0])
+
+
+def _origin(state: dict, code: types.CodeType) -> tuple[str | None, bool]:
+    """(the module ``code`` belongs to, or None when unknown; whether it is the student's).
+
+    The student's code is code the seal does not know and that is not installed code as it is
+    on disk (``_trusted``), whatever file name it claims; once per kernel per code object.
+    """
+    known = state["origins"].get(id(code))
+    if known is not None and known[0] is code:
+        return known[1], known[2]
+    student = not _trusted(state, code)
+    # Made from a string (namedtuples, dataclasses), the library's code is nobody's module.
+    module = None if student else _claimed_module(state, code)
+    state["origins"][id(code)] = (code, module, student)  # holds it: its id is not reused
+    return module, student
+
+
+def _c_module(builtin: Any) -> str | None:
+    """The module a C function Python code calls comes from: its module, or the module of the
+    class that defines the method (``list.append``: builtins)."""
+    owner = getattr(builtin, "__self__", None)
+    if isinstance(owner, types.ModuleType):
+        return owner.__name__
+    if owner is None:
+        return getattr(builtin, "__module__", None)
+    name = getattr(builtin, "__name__", None)
+    for cls in owner.__mro__ if isinstance(owner, type) else type(owner).__mro__:
+        if name in vars(cls):
+            return getattr(cls, "__module__", None)
+    return None
+
+
+_FORBIDDEN, _TAMPER, _DISPATCH, _SPAWN, _START = 1, 2, 3, 4, 5
 
 
 class Guard:
@@ -911,7 +1164,9 @@ class Guard:
         []
     """
 
-    def __init__(self, plan: dict, state: dict | None = None):
+    def __init__(self, plan: dict, state: dict | None = None, trusted: Iterable[Any] = ()):
+        """``trusted``: functions whose code is the grader's wherever it was written (the
+        exercise's probes), never the student's."""
         self.task = plan.get("task", "this")
         self._state = state if state is not None else _local_seal()
         self._by_clone: dict[str, list[dict]] = {}  # fingerprint -> entries
@@ -928,12 +1183,14 @@ class Guard:
                 self._by_fp.setdefault(e["fp"], e["label"])
             if e["size"] >= CLONE:
                 self._by_clone.setdefault(e["fp"], []).append(e)
-        grams, known = self._state["grams"], self._state["forbidden"]
-        for e in plan["code"]:  # the n-grams of each big forbidden function, once per kernel
-            if e["distinctive"] and e["fp"] not in grams:
-                code = known.get((e["file"], e["line"], e["qualname"])) or _CODE_OF_FP.get(e["fp"])
-                if code is not None:
-                    grams[e["fp"]] = shingles(code)
+        # Each big forbidden function's n-gram count; its n-grams are computed when a copy of
+        # about its size shows up (``_similar``), once per kernel.
+        self._gram_counts = {e["fp"]: e.get("grams") for e in plan["code"] if e["distinctive"]}
+        self._where_of_fp = {e["fp"]: (e["file"], e["line"], e["qualname"])
+                             for e in plan["code"]}
+        allowed = plan.get("allowed")
+        self._allowed = _allowlist(allowed) if allowed is not None else None
+        self._permitted: dict[str, bool] = {}
         self._c_funcs: dict[str, dict[str, str]] = {}
         for e in plan.get("builtins", ()):
             self._c_funcs.setdefault(e["name"], {})[e["owner"]] = e["label"]
@@ -948,11 +1205,25 @@ class Guard:
         self._entry_points: dict[int, tuple[Any, tuple[str, str]]] = {}
         self._dispatch_codes: dict[int, types.CodeType] = {}
         self._found: list | None = None
+        self._clean: dict[int, tuple[Any, int]] = {}  # dispatchers that run no forbidden code
+        self._students: dict[int, types.CodeType] = {}  # the student's code seen, by id
         # C functions looked up by identity: id -> (function, kind, label)
         self._c_static = {id(f): (f, _SPAWN, None) for f in self._state["start_new_thread"]}
         self._c_static.update((i, (f, _TAMPER, name)) for i, (f, name) in self._watched_c.items())
         self._c_ids = dict(self._c_static)
         self.hook = self._make_hook()
+        self.trust(trusted)
+
+    def trust(self, functions: Iterable[Any]) -> None:
+        """Count these functions' code (an exercise's probes: the grader's) as not the
+        student's, wherever it was defined."""
+        state = self._state
+        for fn in functions:
+            fn = _unwrap(fn)
+            if isinstance(fn, types.FunctionType):
+                for code in _codes(fn.__code__):
+                    state["codes"][id(code)] = code
+                    state["origins"].pop(id(code), None)
 
     # -- matching -------------------------------------------------------------------------
 
@@ -979,7 +1250,7 @@ class Guard:
         if label is None and size >= DISTINCTIVE and self._by_fp:
             label = self._by_fp.get(fp)
             if label is None:
-                matches = _similar(self._state, code, self._by_fp)
+                matches = _similar(self._state, code, self._gram_counts, self._where_of_fp)
                 label = self._by_fp[matches[0]] if matches else None
         if label is not None:
             return label, f" (your `{name}` is a copy of its code)"
@@ -996,24 +1267,58 @@ class Guard:
         for e in self._by_clone.get(fp, ()):
             if e["qualname"] == qualname:
                 return e["label"]
-            original = self._state["forbidden"].get((e["file"], e["line"], e["qualname"]))
-            original = original or _CODE_OF_FP.get(fp)
+            original = _forbidden_code(self._state, (e["file"], e["line"], e["qualname"]), fp)
             if original is not None and _exact(original) == _exact(code):
                 return e["label"]
         return None
 
     def _classify(self, code: types.CodeType) -> tuple:
+        """(code, kind, label, foreign, student): what the hook does when ``code`` starts.
+
+        ``foreign``: (label, note, stdlib) when ``code`` belongs to a module the exercise's
+        allowlist does not permit (refused when the student's code calls it); ``student``:
+        whether it is the student's code (the allowlist applies to its calls; the student's
+        own code is permitted whatever file it claims).
+        """
         label = self._label(code)
+        foreign, student = None, False
+        if self._allowed is not None:
+            student = _origin(self._state, code)[1]
+            if student:
+                self._students[id(code)] = code  # the hook checks the C functions it calls
+            elif code.co_name not in ("<module>", "__del__"):
+                module = _claimed_module(self._state, code)
+                if module is not None:
+                    foreign = self._foreign_label(module, _qualname(code))
         if label is not None:
-            entry = (code, _FORBIDDEN, label)
+            entry = (code, _FORBIDDEN, label, foreign, student)
         elif id(code) in self._watched_py:
-            entry = (code, _TAMPER, self._watched_py[id(code)][1])
+            entry = (code, _TAMPER, self._watched_py[id(code)][1], foreign, student)
         elif self._dispatch_codes.get(id(code)) is code:
-            entry = (code, _DISPATCH, None)
+            entry = (code, _DISPATCH, None, foreign, student)
+        elif code is self._state.get("thread_start") and self._allowed is not None:
+            entry = (code, _START, None, foreign, student)
         else:
-            entry = (code, None, None)
+            entry = (code, None, None, foreign, student)
         self._seen[id(code)] = entry  # holds the code object, so its id is never reused
         return entry
+
+    def _foreign_label(self, module: str, name: str) -> tuple[str, str] | None:
+        """(label, note) of a function of ``module`` the allowlist does not permit, else None."""
+        permitted = self._permitted.get(module)
+        if permitted is None:
+            permitted = self._permitted[module] = _permits(self._allowed, module)
+        if permitted:
+            return None
+        top = module.partition(".")[0]
+        stdlib = top in _STDLIB
+        if stdlib and top in ("concurrent", "multiprocessing", "importlib", "xml", "email"):
+            top = ".".join(module.split(".")[:2])
+        where = "the standard library's" if stdlib else "the package"
+        return (f"`{module}.{name}`",
+                f" (while the check runs, your code may use only the standard library's plain "
+                f"data modules, numpy, mlsys_lab and what this exercise allows; {where} "
+                f"`{top}` is not among them)", stdlib)
 
     def _violation(self, message: str) -> None:
         """Record a violation (it sticks) and stop the student's code here."""
@@ -1037,6 +1342,7 @@ class Guard:
         its tables from locals, since it runs on every call and return of the probe."""
         me, seen, classify, c_ids, c_names = (self, self._seen, self._classify, self._c_ids,
                                               self._c_funcs)
+        closed, students = self._allowed is not None, self._students
         state = self._state
 
         def handover(frame, event, arg):
@@ -1056,12 +1362,18 @@ class Guard:
                     entry = classify(code)
                 if entry[1] is not None:
                     me._on_call(frame, entry)
+                elif entry[3] is not None:
+                    me._on_foreign(frame, entry[3])
             elif event == "c_call":
                 if me._closing:
                     return handover(frame, event, arg)
                 hit = c_ids.get(id(arg))
                 if hit is not None and hit[0] is arg:
                     me._on_c_id(frame, hit)
+                if closed:  # a C function the student's code calls must be allowed
+                    code = frame.f_code
+                    if students.get(id(code)) is code:
+                        me._on_c_call(arg)
                 owners = c_names.get(getattr(arg, "__name__", None)) if c_names else None
                 if owners is not None:
                     label = _c_label(arg, owners)
@@ -1080,6 +1392,14 @@ class Guard:
 
     def _on_call(self, frame, entry) -> None:
         kind = entry[1]
+        if kind == _START:  # ``Thread.start``: note the threads the student's code starts
+            if self._student_caller(frame):
+                thread = frame.f_locals.get("self")
+                if isinstance(thread, threading.Thread):
+                    self._state["student_threads"].add(thread)
+            if entry[3] is not None:
+                self._on_foreign(frame, entry[3])
+            return
         if kind == _DISPATCH:
             label = self._dispatcher_label(frame.f_locals.get("self"))
             if label is None:
@@ -1089,6 +1409,52 @@ class Guard:
         if kind == _TAMPER:
             self._refuse(label, tamper=True)
         self._on_forbidden(label)
+
+    def _on_foreign(self, frame, foreign) -> None:
+        """A function of a module the allowlist does not permit starts: refuse it when the
+        student's code called it, directly or through the standard library (a callback:
+        ``heapq.merge(key=f)``, ``threading.Thread(target=f)`` in a thread the student's code
+        started). A permitted package calling it (numpy, mlsys_lab) is not the student's doing,
+        nor is the standard library using its own modules."""
+        label, note, stdlib_callee = foreign
+        state = self._state
+        back = frame.f_back
+        for depth in range(200):
+            if back is None:  # the bottom of a thread's stack: who started the thread?
+                if threading.current_thread() in state["student_threads"]:
+                    self._on_forbidden((label, note))
+                return
+            module, student = _origin(state, back.f_code)
+            if student:
+                self._on_forbidden((label, note))
+                return
+            if module is None or module.partition(".")[0] not in _STDLIB or module.startswith(
+                    _IMPORTING):
+                return  # a package's own doing, or the import machinery's (finders, loaders)
+            if depth == 0 and stdlib_callee:
+                return
+            back = back.f_back
+
+    def _on_c_call(self, builtin) -> None:
+        """The student's code calls a C function: refuse it when its module is not allowed."""
+        module = _c_module(builtin)
+        if module is not None:
+            foreign = self._foreign_label(module, getattr(builtin, "__name__", "?"))
+            if foreign is not None:
+                self._on_forbidden(foreign[:2])
+
+    def _student_caller(self, frame) -> bool:
+        """Whether the function running in ``frame`` was called by the student's code, directly
+        or through the standard library."""
+        back = frame.f_back
+        while back is not None:
+            module, student = _origin(self._state, back.f_code)
+            if student:
+                return True
+            if module is None or module.partition(".")[0] not in _STDLIB:
+                return False
+            back = back.f_back
+        return threading.current_thread() in self._state["student_threads"]
 
     def _on_c_id(self, frame, hit) -> None:
         _, kind, label = hit
@@ -1115,6 +1481,17 @@ class Guard:
         known = self._dispatchers.get(id(dispatcher))
         if known is not None and known[0] is dispatcher:
             return known[1]
+        overloads = getattr(dispatcher, "overloads", None)
+        size = len(overloads) if isinstance(overloads, dict) else 0
+        known = self._clean.get(id(dispatcher))
+        if known is not None and known[0] is dispatcher and known[1] == size:
+            return None  # looked at already, with as many overloads: runs no forbidden code
+        label = self._dispatcher_label_of(dispatcher)
+        if label is None:
+            self._clean[id(dispatcher)] = (dispatcher, size)
+        return label
+
+    def _dispatcher_label_of(self, dispatcher) -> tuple[str, str] | None:
         codes = [getattr(getattr(dispatcher, "py_func", None), "__code__", None)]
         # What the overloads were compiled from: a swapped ``py_func`` does not change them.
         overloads = getattr(dispatcher, "overloads", None)
@@ -1142,10 +1519,7 @@ class Guard:
                     if isinstance(fn, types.FunctionType):
                         self._dispatch_codes[id(fn.__code__)] = fn.__code__
         if self._found is None:  # once per guard: later copies are caught when they compile
-            # Instances of a Python class refer to it, so the collector finds them in C (about
-            # twice as fast as filtering gc.get_objects() in Python).
-            kinds = _subclasses(mod._DispatcherBase)
-            self._found = [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
+            self._found = _dispatchers(self._state, mod)
         off: dict[int, tuple[Any, tuple[str, str]]] = {}
         for d in self._found:
             label = self._dispatcher_label(d)
@@ -1255,6 +1629,31 @@ class Guard:
         if self._state.get("active") is self:
             self._state["active"] = None
         _ACTIVE = None
+
+
+def _dispatchers(state: dict, mod: types.ModuleType) -> list:
+    """Every Numba dispatcher alive. The first time in a kernel, instances of the dispatcher
+    classes are found through the collector (they refer to their class); later, while no
+    collection has moved objects into the oldest generation, only the objects made since can be
+    new dispatchers, and those are in the two young generations (a fraction of the cost)."""
+    kinds = _subclasses(mod._DispatcherBase)
+    stats = gc.get_stats()
+    key = (stats[1]["collections"], stats[2]["collections"])
+    cache = state.get("dispatchers")
+    if cache is not None and cache["key"] == key:
+        found = [d for d in cache["found"] if type(d) in kinds]
+        seen = {id(d) for d in found}
+        for generation in (0, 1):
+            found += [o for o in gc.get_objects(generation) if type(o) in kinds
+                      and id(o) not in seen]
+    else:
+        # Instances of a Python class refer to it, so the collector finds them in C (about
+        # twice as fast as filtering gc.get_objects() in Python).
+        found = [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
+    stats = gc.get_stats()
+    state["dispatchers"] = {"key": (stats[1]["collections"], stats[2]["collections"]),
+                            "found": found}
+    return found
 
 
 def _subclasses(cls: type) -> set[type]:

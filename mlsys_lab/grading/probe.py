@@ -84,7 +84,8 @@ def run_exercise(exercise, answers: Sequence[Any] | str, seed: int, plan: dict |
         if changed:
             answers = _tamper_message(changed)
     if any(not case.legacy for case in exercise.cases) and not isinstance(answers, str):
-        guard = Guard(plan if plan is not None else plan_for(exercise), state)
+        guard = Guard(plan if plan is not None else plan_for(exercise), state,
+                      trusted=[case.probe for case in exercise.cases])
     for case in exercise.cases:
         if isinstance(answers, str):
             kind = "legacy" if case.legacy else "probe"

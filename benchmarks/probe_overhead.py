@@ -1,0 +1,152 @@
+"""Probe overhead: each solution notebook's checks with the guard on (probed) and off (plain).
+
+    python benchmarks/probe_overhead.py [--notebooks ch04 ch07 ch11 ch13] [--rounds 3]
+
+For each chapter, a fresh interpreter runs the solutions notebook's code cells (not its check
+cells; cells compiled under an ipykernel-like file name, after the seal, so the answers count as
+the student's code), then times the exercises' probes, seeds fixed:
+
+* **plain**: per exercise, ``probe.run_exercise`` with the guard replaced by a no-op (every
+  probe called on the answers, its result encoded for the wire) and the judges;
+* **probed**: what the grader runs: ``guard.seal`` (its first cell, before any student cell;
+  timed on its own and counted once per notebook) and, per exercise, ``probe.run_exercise``
+  with the grader's plan and the seal (the guard on around each probe, ``tampered`` before and
+  after) and the judges. Every exercise must score full marks.
+
+Rounds alternate plain and probed; the best of each is kept. Prints per notebook: plain, seal,
+probed (probes only) and the ratio (probed + seal) / plain, the figure the target (<= 1.5x)
+applies to; the seal is also the part every kernel pays once per notebook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import linecache
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _child(notebook: str, rounds: int) -> dict:
+    """Run in a fresh interpreter: time one notebook's checks plain and probed."""
+    t0 = time.perf_counter()
+    import nbformat
+
+    from mlsys_lab.grading import guard, probe
+    from mlsys_lab.grading.exercise import _lookup, get_exercise
+    from mlsys_lab.grading.judge import judge_exercise
+
+    [path] = sorted((ROOT / "solutions").glob(f"{notebook}_*.ipynb"))
+    nb = nbformat.read(path, as_version=4)
+    ids = []
+    for cell in nb.cells:
+        for tag in cell.metadata.get("tags", []):
+            if tag.startswith("answer:") and tag[7:] not in ids:
+                ids.append(tag[7:])
+    ids = [i for i in ids if _exists(get_exercise, i)]
+    # The grader's first cell: the seal, before any student cell.
+    seal_seconds = []
+    import IPython.display  # noqa: F401 - a kernel has it loaded before the seal
+
+    start = time.perf_counter()
+    state = guard.seal("probe-overhead", ids)  # as the grader does: keyed
+    seal_seconds.append(time.perf_counter() - start)
+    scope = {"__name__": "__main__"}
+    os.chdir(path.parent)
+    for k, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "check(" in cell.source:
+            continue
+        source = "\n".join(line for line in cell.source.splitlines()
+                           if not line.lstrip().startswith(("%", "!")))
+        filename = f"/tmp/ipykernel_bench/{k}.py"  # as a kernel names cells: source in linecache
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), scope)
+    exercises = [get_exercise(i) for i in ids]
+    answers = {e.id: [_lookup(scope, t) for t in e.targets] for e in exercises}
+    plans = {e.id: guard.plan_for(e) for e in exercises}  # computed by the grader, not the kernel
+    seed = 1234
+
+    def plain() -> float:
+        start = time.perf_counter()
+        real = probe.Guard
+        probe.Guard = _Unwatched
+        try:
+            for e in exercises:
+                judge_exercise(e, probe.run_exercise(e, answers[e.id], seed, plans[e.id]), seed)
+        finally:
+            probe.Guard = real
+        return time.perf_counter() - start
+
+    def probed() -> float:
+        start = time.perf_counter()
+        for e in exercises:
+            result = judge_exercise(
+                e, probe.run_exercise(e, answers[e.id], seed, plans[e.id], state), seed)
+            if result.score != result.max:
+                raise SystemExit(f"{notebook} {e.id} probed: {result.report()}")
+        return time.perf_counter() - start
+
+    plain_s, probed_s = [], []
+    for _ in range(rounds):
+        plain_s.append(plain())
+        probed_s.append(probed())
+    return {"notebook": notebook, "exercises": ids, "plain": min(plain_s),
+            "probed": min(probed_s), "first_probed": probed_s[0], "seal": seal_seconds[0],
+            "setup": time.perf_counter() - t0}
+
+
+class _Unwatched:
+    """Stands in for the guard in the plain run: the probes run unwatched."""
+
+    def __init__(self, *args, **kwargs):
+        self.violations = []
+
+    def watching(self):
+        return contextlib.nullcontext(self)
+
+
+def _exists(get_exercise, ex_id: str) -> bool:
+    try:
+        get_exercise(ex_id)
+    except Exception:  # an answer tag without a registered exercise
+        return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--notebooks", nargs="+", default=["ch04", "ch07", "ch11", "ch13"],
+                        metavar="CHNN")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_child(args.child, args.rounds)))
+        return
+    print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}, "
+          f"rounds: {args.rounds}")
+    print(f"{'notebook':8} {'plain s':>8} {'seal s':>7} {'probed s':>9} {'ratio':>6} "
+          f"{'ratio w/o seal':>14}")
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    for name in args.notebooks:
+        out = subprocess.run([sys.executable, __file__, "--child", name, "--rounds",
+                              str(args.rounds)], capture_output=True, text=True, env=env)
+        if out.returncode:
+            print(f"{name}: failed\n{out.stderr[-2000:]}{out.stdout[-2000:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        ratio = (r["probed"] + r["seal"]) / r["plain"]
+        print(f"{name:8} {r['plain']:8.3f} {r['seal']:7.3f} {r['probed']:9.3f} {ratio:5.2f}x "
+              f"{r['probed'] / r['plain']:13.2f}x")
+
+
+if __name__ == "__main__":
+    main()
