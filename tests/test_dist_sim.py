@@ -1,10 +1,12 @@
 """The discrete-event simulator: timing model, contention, topologies, deadlocks, errors,
 trace, failures, and the batched ring path against the message-by-message path."""
 
+import heapq
+
 import numpy as np
 import pytest
 
-from mlsys_lab.distributed import sim
+from mlsys_lab.distributed import sim, sim_batch, sim_engine
 from mlsys_lab.distributed.collectives import allreduce
 from mlsys_lab.distributed.comm import (
     CommTimeoutError,
@@ -499,3 +501,159 @@ def test_object_and_structured_arrays_are_refused_alike_on_both_backends():
         with pytest.raises(DTypeError, match="cannot send an array of dtype"):
             sim.run(sim.Cluster(sim.ring(2)),
                     lambda comm, b=bad: (yield comm.sendrecv(b, 1 - comm.rank, 1 - comm.rank)))
+
+
+# --- the event loop: records, one handler per kind, faults as events, the batched strategy ---
+def _engine(p=4, **run_kw):
+    kw = dict(trace=True, batching=None, time_limit=None, wall_limit=None, failures=None,
+              link_failures=None)
+    kw.update(run_kw)
+    return sim_engine.Engine(sim.Cluster(sim.ring(p)), **kw)
+
+
+class _Counting(sim_engine.Engine):
+    """An engine that records every event it hands to a handler (and checks the kind)."""
+
+    last = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _Counting.last, self.seen = self, []
+        self.handlers = tuple(self._count(kind, h) for kind, h in enumerate(self.handlers))
+
+    def _count(self, kind, handler):
+        def run(event):
+            assert event.kind == kind
+            self.seen.append(event)
+            return handler(event)
+        return run
+
+
+def test_event_records_sort_by_time_then_kind_then_tie_break():
+    e = _engine()
+    e.schedule(2, 1.0, np.zeros(3))  # payloads are never compared: seq breaks every tie
+    e.schedule(0, 1.0, np.ones(3))
+    e.push(1.0, sim_engine.ANY)
+    e.push(1.0, sim_engine.ANY)
+    e.push(1.0, sim_engine.PORT, -1, 1)
+    e.push(1.0, sim_engine.PORT, -3, 3)
+    e.push(1.0, sim_engine.NETWORK)
+    e.push(1.0, sim_engine.FAULT, target=2)
+    e.schedule(1, 0.5)
+    popped = [heapq.heappop(e.events) for _ in range(len(e.events))]
+    got = [(ev.time, sim_engine.KINDS[ev.kind], ev.target) for ev in popped]
+    assert got == [(0.5, "resume", 1), (1.0, "fault", 2), (1.0, "port", 3), (1.0, "port", 1),
+                   (1.0, "network", -1), (1.0, "resume", 0), (1.0, "resume", 2),
+                   (1.0, "any", -1), (1.0, "any", -1)]
+    anys = [ev.seq for ev in popped if ev.kind == sim_engine.ANY]
+    assert anys == sorted(anys) and len(set(ev.seq for ev in popped)) == len(popped)
+    assert isinstance(popped[0], tuple) and popped[0]._fields[:3] == ("time", "kind", "order")
+    assert e.live == 8  # every event but the fault keeps the run going
+
+
+def test_one_handler_per_kind_and_each_event_goes_to_its_own(monkeypatch):
+    e = _engine()
+    assert len(e.handlers) == len(sim_engine.KINDS) == 5
+    assert [h.__name__ for h in e.handlers] == [f"on_{k}" for k in sim_engine.KINDS]
+    monkeypatch.setattr(sim, "Engine", _Counting)
+
+    def gather_any(comm):  # rank 0 takes the others' messages as they come; ranks exchange
+        got = []
+        if comm.rank == 0:
+            for _ in range(comm.size - 1):
+                got.append((yield comm.recv_any(tag=1)))
+        else:
+            yield comm.compute(seconds=1e-6 * (comm.size - comm.rank))
+            yield comm.send(np.full(100, comm.rank), 0, tag=1)
+            got = None
+        others = [r for r in range(comm.size) if r != comm.rank]
+        yield comm.exchange([(np.ones(10), r) for r in others], others)
+        return got
+
+    res = sim.run(sim.Cluster(sim.fully_connected(4), one_port=True), gather_any)
+    assert [src for src, _ in res.results[0]] == [3, 2, 1]  # the first to arrive first
+    kinds = {sim_engine.KINDS[ev.kind] for ev in _Counting.last.seen}
+    assert kinds == {"port", "resume", "any"}
+    ports = [ev for ev in _Counting.last.seen if ev.kind == sim_engine.PORT]
+    assert len(ports) == 4 * 2  # each rank sends 3 messages one at a time: 2 wait for a port
+    sim.run(sim.Cluster(sim.ring(4), sharing="fair"), ring_allreduce,
+            args=[(np.ones(8),)] * 4, batched=False)
+    kinds = {sim_engine.KINDS[ev.kind] for ev in _Counting.last.seen}
+    assert kinds == {"network", "resume"}
+
+
+def test_a_device_failure_is_an_event_the_earliest_one_stops_the_run():
+    def slow(comm):
+        yield comm.compute(seconds=1.0)
+        yield comm.compute(seconds=1.0)
+
+    e = _engine(failures={3: 2e-5, 1: 1e-5})
+    assert sorted((ev.time, ev.target) for ev in e.events) == [(1e-5, 1), (2e-5, 3)]
+    assert all(ev.kind == sim_engine.FAULT for ev in e.events) and e.live == 0
+    # nothing happens between the two failures: the device that failed first is named
+    with pytest.raises(DeviceFailure) as info:
+        sim.run(sim.Cluster(sim.ring(4)), slow, failures={3: 2e-5, 1: 1e-5})
+    assert (info.value.rank, info.value.time) == (1, 1e-5)
+    # a failure at the very instant a rank resumes comes first
+    with pytest.raises(DeviceFailure) as info:
+        sim.run(sim.Cluster(sim.ring(4)), slow, failures={0: 1.0})
+    assert info.value.time == 1.0
+    # a failure after the run has ended stops nothing; a deadlock before it is a deadlock
+    assert sim.run(sim.Cluster(sim.ring(4)), slow, failures={0: 2.5}).time == 2.0
+
+    def stuck(comm):
+        yield comm.recv((comm.rank + 1) % comm.size)
+
+    with pytest.raises(DeadlockError):
+        sim.run(sim.Cluster(sim.ring(4)), stuck, failures={0: 1.0})
+
+
+@pytest.mark.parametrize("cluster_kw", [{}, {"one_port": True}, {"sharing": "fair"}])
+def test_batched_strategy_gives_the_unbatched_times_with_fewer_events(monkeypatch, cluster_kw):
+    p = 16
+    topo = sim.ring(p, A, B, gamma=1e-11)
+    topo.slow_link(4, 5, 3.0)
+    xs = [np.random.default_rng(r).standard_normal(1000) for r in range(p)]
+
+    def prog(comm, x):
+        yield comm.compute(seconds=1e-6 * (comm.rank % 3))
+        return (yield from allreduce(comm, x, algo="ring"))
+
+    monkeypatch.setattr(sim, "Engine", _Counting)
+    runs, events = {}, {}
+    for batched in (False, True):
+        runs[batched] = sim.run(sim.Cluster(topo, **cluster_kw), prog,
+                                args=[(x,) for x in xs], batched=batched)
+        events[batched] = len(_Counting.last.seen)
+    assert events[True] == 3 * p < events[False]  # start, compute, collective: batched
+    assert runs[True].rank_time == runs[False].rank_time  # bit for bit
+    assert sorted(runs[True].trace) == sorted(runs[False].trace)
+    assert runs[True].messages == runs[False].messages
+    for a, b in zip(runs[True].results, runs[False].results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_batch_that_cannot_complete_is_released_to_the_message_by_message_path(monkeypatch):
+    p, released = 6, []
+    release = sim_batch.BatchedRing.release
+    monkeypatch.setattr(sim_batch.BatchedRing, "release",
+                        lambda ring: released.append(dict(ring.entries)) or release(ring))
+
+    def late_last(comm, x):
+        if comm.rank == p - 1:  # waits for rank 0, which waits inside the collective
+            yield comm.recv(0, tag=7)
+        y = yield from allreduce(comm, x, algo="ring")
+        if comm.rank == 0:
+            yield comm.send(np.ones(3), p - 1, tag=7)
+        return y
+
+    xs = [(np.full(12, float(r)),) for r in range(p)]
+    errors = {}
+    for batched in (False, True):
+        with pytest.raises(DeadlockError) as info:
+            sim.run(sim.Cluster(sim.ring(p, A, B)), late_last, args=xs, batched=batched)
+        errors[batched] = info.value
+    assert [sorted(r) for r in released] == [list(range(p - 1))]  # once, when nothing was left
+    assert errors[True].blocked == errors[False].blocked  # each rank inside the fallback
+    assert str(errors[True]) == str(errors[False])
+    assert "rank 5: recv(src=0, tag=7)" in str(errors[True])

@@ -133,7 +133,7 @@ class SimCommunicator(Communicator):
         self._dups = 0
 
     def now(self):
-        return self._engine.clock[self._engine.current]
+        return self._engine.now()
 
     def _make_dup(self):
         self._dups += 1
@@ -158,14 +158,16 @@ class Result:
     """
 
     def __init__(self, engine):
-        self.results = engine.results[:engine.size]
-        self.rank_time = list(engine.finish[:engine.size])
-        self.time = max(engine.finish) if engine.finish else 0.0  # background tasks too
+        ranks = engine.agents[:engine.size]
+        self.results = [agent.result for agent in ranks]
+        self.rank_time = [agent.finish for agent in ranks]
+        self.time = max((agent.finish for agent in engine.agents), default=0.0)  # tasks too
         self.trace = engine.trace
         topo = engine.topology
         self.link_busy = {topo.link_name(i): b for i, b in enumerate(engine.busy) if b > 0}
         self.messages, self.bytes = engine.messages, engine.bytes_sent
-        self.unmatched = [(k[0], k[1], k[3], m[2]) for k, q in engine.mailbox.items() for m in q]
+        self.unmatched = [(k[0], k[1], k[3], m[2]) for k, q in engine.mail.mailbox.items()
+                          for m in q]
 
     def __repr__(self):
         return (f"<sim.Result: {len(self.results)} ranks, time {self.time:.6g} s, "
@@ -213,11 +215,6 @@ def run(cluster, prog, args=None, kwargs=None, *, trace=True, batched=None, time
     for rank in range(p):
         comm = SimCommunicator(engine, world, rank)
         rank_args = args[rank] if isinstance(args[rank], tuple) else (args[rank],)
-        program = prog(comm, *rank_args, **(kwargs or {}))
-        if hasattr(program, "send") and hasattr(program, "throw"):
-            engine.stacks[rank].append(program)
-            engine.schedule(rank, 0.0)
-        else:
-            engine.done[rank], engine.results[rank] = True, program
+        engine.start(rank, prog(comm, *rank_args, **(kwargs or {})))
     engine.loop()
     return Result(engine)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from .comm import LinkFailure
+
 __all__ = ["FairNetwork", "ReservationNetwork", "max_min_rates"]
 
 
@@ -28,12 +30,33 @@ def _capacity(beta):
 
 
 class _Links:
-    """Per-link-direction bookkeeping that grows when a topology makes links on first use."""
+    """Per-link-direction bookkeeping that grows when a topology makes links on first use;
+    routes (cached) and the links' failure times (``sim.run(link_failures=...)``)."""
 
-    def __init__(self, topology):
+    def __init__(self, topology, link_failures=None):
         self.topology = topology
         self.busy = []
+        self.routes = {}
+        self.link_failures = {topology.link(*k): (k, v) for k, v in (link_failures or {}).items()}
         self.grow()
+
+    def route(self, src, dst):
+        """``(link ids, alpha, beta)`` of the route from ``src`` to ``dst``."""
+        found = self.routes.get((src, dst))
+        if found is None:
+            route = self.topology.route(src, dst)
+            self.grow()  # links made on first use
+            found = self.routes[(src, dst)] = (route, *self.topology.route_cost(route))
+        return found
+
+    def check_links(self, route, end, src, dst):
+        """A link failure stops the run when a message needs the link past the failure."""
+        for link in route:
+            if link in self.link_failures and end > self.link_failures[link][1]:
+                ends, at = self.link_failures[link]
+                raise LinkFailure(f"sim.run: link {self.topology.link_name(link)} failed at "
+                                  f"t={at:.6g} s (rank {src} -> {dst} needed it)",
+                                  link=ends, time=at)
 
     def grow(self):
         extra = len(self.topology.link_ends) - len(self.busy)
@@ -48,9 +71,9 @@ class _Links:
 class ReservationNetwork(_Links):
     """First-come-first-served rate reservation (the module docstring), optionally one-port."""
 
-    def __init__(self, topology, one_port=False):
+    def __init__(self, topology, one_port=False, link_failures=None):
         self.last_start, self.reserved = [], []
-        super().__init__(topology)
+        super().__init__(topology, link_failures)
         self.one_port = bool(one_port)
         p = topology.num_ranks
         self.send_free, self.recv_free = [0.0] * p, [0.0] * p
@@ -172,8 +195,8 @@ class FairNetwork(_Links):
     whose turn has come, each with its ``arrival``.
     """
 
-    def __init__(self, topology):
-        super().__init__(topology)
+    def __init__(self, topology, link_failures=None):
+        super().__init__(topology, link_failures)
         self.flows, self.instant = [], []  # flows sharing links; flows of no bytes
         self.order = {}  # key -> deque of flows in issue order
 
