@@ -10,8 +10,10 @@ and friends need not be installed); scipy is used too when it is installed.
 from __future__ import annotations
 
 import importlib.util
+import linecache
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +21,8 @@ import pytest
 from mlsys_lab.grading import checks, guard
 from mlsys_lab.grading.checks import Case, Exercise, register, run_cases
 from mlsys_lab.grading.exercise import CLOSED_BASE, DEFAULT_ALLOWED, get_exercise
+
+DEMO_SOLUTION = Path(__file__).resolve().parents[1] / "solutions" / "ch00_demo.ipynb"
 
 
 def _mean_judge(raw, seed):
@@ -90,7 +94,10 @@ def _cell(source: str, name: str = "mean"):
     """``name`` defined by a notebook cell run after the seal: the student's code."""
     guard._local_seal()
     scope = {"__name__": "__main__"}
-    exec(compile(textwrap.dedent(source), "/tmp/ipykernel_4242/1234.py", "exec"), scope)
+    source = textwrap.dedent(source)
+    filename = f"/tmp/ipykernel_4242/{abs(hash(source))}.py"  # as a kernel names a cell
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), scope)
     return scope[name]
 
 
@@ -249,6 +256,38 @@ def test_numba_is_allowed_where_the_student_writes_kernels():
     assert not guard._permits(table, "numba.core.dispatcher")
 
 
+CHECKPOINT = """
+import os
+import mlsys_lab as ml
+
+
+def save_checkpoint(path, model, optimizer):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    partial = path + ".partial"  # written whole, then moved into place
+    ml.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, partial)
+    os.replace(partial, path)
+
+
+def load_checkpoint(path, model, optimizer):
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    ckpt = ml.load(path)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+"""
+
+
+def test_a_checkpoint_may_use_files_and_folders():
+    """2.3 allows ``os`` (making the folder, an atomic move): an honest answer keeps full
+    marks; where the default allowlist applies, ``os`` refuses."""
+    save = _cell(CHECKPOINT, "save_checkpoint")
+    load = _cell(CHECKPOINT, "load_checkpoint")
+    result = run_cases("2.3", save, load, seed=1)
+    assert result.score == result.max, result.report()
+    table = guard._allowlist(DEFAULT_ALLOWED)
+    assert not guard._permits(table, "os") and not guard._permits(table, "posixpath")
+
+
 def test_allowlist_entries_match_whole_module_names_and_exclusions_win():
     table = guard._allowlist(DEFAULT_ALLOWED)
     assert guard._permits(table, "numpy.linalg")
@@ -287,3 +326,38 @@ def test_a_copy_of_a_library_file_the_notebook_wrote_is_not_the_library(tmp_path
         _refused(run_cases("96.1", mean, seed=1), "fakesolver")
     finally:
         sys.modules["statistics"] = real
+
+
+# The same through the real grader, in a kernel (the demo notebook: quick).
+
+POOL_MEAN = """
+from concurrent.futures import ThreadPoolExecutor
+import threading
+
+
+def mean(xs):
+    if len(xs) == 0:
+        raise ValueError("mean() of an empty list")
+    worker = threading.Thread(target=len, args=(xs,))  # threads themselves are allowed
+    worker.start()
+    worker.join()
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(sum, xs).result() / len(xs)
+"""
+
+
+def test_a_package_outside_the_allowlist_scores_zero_under_the_grader(tmp_path):
+    import nbformat
+
+    from mlsys_lab.grading.grader import grade
+
+    nb = nbformat.read(DEMO_SOLUTION, as_version=4)
+    [cell] = [c for c in nb.cells if "answer:0.3" in c.metadata.get("tags", [])]
+    cell.source = POOL_MEAN
+    path = tmp_path / "ch00_pool.ipynb"
+    nbformat.write(nb, path)
+    report = grade(path, cell_timeout=30, timeout=120)
+    points = {row.exercise: row.points for row in report.rows}
+    assert points == {"0.1": 3, "0.2": 5, "0.3": 1}, report.to_table()  # only mean([]) passes
+    row = next(r for r in report.rows if r.exercise == "0.3")
+    assert "`concurrent.futures`" in row.feedback and "off limits" in row.feedback, row.feedback

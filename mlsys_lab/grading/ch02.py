@@ -28,6 +28,7 @@ import types
 import numpy as np
 
 from mlsys_lab.grading.checks import Case, Exercise, Opaque, describe, register
+from mlsys_lab.grading.exercise import DEFAULT_ALLOWED
 
 # ----------------------------------------------------------------------------- fixtures
 
@@ -770,6 +771,9 @@ register(
         target=("save_checkpoint", "load_checkpoint"),
         task="the checkpoint",
         forbidden=(),  # ml.save/ml.load are the tools taught; see the module docstring
+        # files and folders: an answer may make the checkpoint's folder or write atomically
+        allowed=DEFAULT_ALLOWED + ("os", "posix", "posixpath", "ntpath", "genericpath", "stat",
+                                   "pathlib", "tempfile", "shutil"),
         cases=(
             Case("the file is an ml checkpoint of the weights", 1,
                  probe=_file_probe, judge=_file_judge),

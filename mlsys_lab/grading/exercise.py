@@ -80,16 +80,16 @@ class Case:
 #: every package outside the standard library are not. An entry names a module and its
 #: submodules; one starting with ``-`` takes a submodule back out (the longest match wins).
 CLOSED_BASE = (
-    "builtins", "abc", "array", "bisect", "cmath", "collections", "contextlib", "copy",
-    "dataclasses", "datetime", "decimal", "enum", "fractions", "functools", "heapq",
-    "itertools", "json", "math", "numbers", "operator", "queue", "random", "re", "reprlib",
-    "statistics", "string", "struct", "sys", "textwrap", "threading", "time", "types", "typing",
-    "warnings", "weakref",
+    "builtins", "abc", "array", "base64", "binascii", "bisect", "cmath", "collections",
+    "contextlib", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools",
+    "hashlib", "heapq", "itertools", "json", "math", "numbers", "operator", "pprint", "queue",
+    "random", "re", "reprlib", "statistics", "string", "struct", "sys", "textwrap", "threading",
+    "time", "traceback", "types", "typing", "warnings", "weakref", "zlib",
     # the C modules behind them
-    "_abc", "_bisect", "_collections", "_collections_abc", "_datetime", "_decimal",
-    "_functools", "_heapq", "_json", "_operator", "_pydecimal", "_queue", "_random", "_sre",
-    "_string", "_struct", "_thread", "_warnings", "_weakref", "_weakrefset", "sre_compile",
-    "sre_constants", "sre_parse",
+    "_abc", "_bisect", "_blake2", "_collections", "_collections_abc", "_datetime", "_decimal",
+    "_functools", "_hashlib", "_heapq", "_json", "_md5", "_operator", "_pydecimal", "_queue",
+    "_random", "_sha1", "_sha256", "_sha512", "_sha3", "_sre", "_string", "_struct", "_thread",
+    "_warnings", "_weakref", "_weakrefset", "sre_compile", "sre_constants", "sre_parse",
 )
 #: numpy's arrays, without its bridges to other code (compilers, C libraries).
 NUMPY = ("numpy", "-numpy.f2py", "-numpy.distutils", "-numpy.ctypeslib")

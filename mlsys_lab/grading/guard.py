@@ -10,9 +10,10 @@ defined, and a fingerprint of its code); the grader computes it in its own proce
 to the kernel, ``check()`` computes it in place.
 
 ``seal()`` runs first in every kernel the grader starts, before any student cell: it records the
-code objects the loaded modules hold (what is *not* the student's), the forbidden functions'
-code, the threads already running, and the functions and classes the checks rely on (see
-"The seal" below).
+code objects the loaded modules hold (what is *not* the student's; installed code loaded later
+is recognised as it is on disk), the threads already running, and the functions and classes the
+checks rely on (see "The seal" below). The forbidden functions' code and n-grams are compiled
+from their files when a probe first needs them.
 
 ``Guard(plan, state)`` enforces the plan in the kernel. While a probe runs
 (``with guard.watching():``):
@@ -819,12 +820,14 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
     """Record, before any student cell runs, what the grader's checks rely on in this kernel.
 
     The grader runs this first in every kernel it starts. It imports the exercises' chapter
-    modules and forbidden functions (so their code is the library's own), then records: the code
-    objects the loaded modules hold (``_baseline``: any other code is the student's, whatever its
-    file name), the n-grams of every forbidden function, the threads already running, the
-    functions and classes of ``SEALED_MODULES`` (``tampered`` compares with them), the objects a
-    payload leaves through, and private references to the JSON encoder and the display publisher.
-    ``key`` (the grader's secret) names where it is kept for the hidden cells.
+    modules, then records: the code objects the loaded modules hold (``_baseline``; with a
+    ``key``, in a kernel no student cell has run in yet, every function alive: any other code
+    is the student's, whatever its file name, unless it is installed code as it is on disk),
+    the threads already running, the functions and classes of ``SEALED_MODULES`` (``tampered``
+    compares with them), the objects a payload leaves through, and private references to the
+    JSON encoder and the display publisher. The forbidden functions are not imported nor
+    fingerprinted here: a probe compiles what it needs of them from their files, once per
+    kernel. ``key`` (the grader's secret) names where it is kept for the hidden cells.
     """
     from mlsys_lab.grading.exercise import get_exercise
     for ex_id in exercise_ids:
@@ -1519,7 +1522,7 @@ class Guard:
                     if isinstance(fn, types.FunctionType):
                         self._dispatch_codes[id(fn.__code__)] = fn.__code__
         if self._found is None:  # once per guard: later copies are caught when they compile
-            self._found = _dispatchers(self._state, mod)
+            self._found = _dispatchers(mod)
         off: dict[int, tuple[Any, tuple[str, str]]] = {}
         for d in self._found:
             label = self._dispatcher_label(d)
@@ -1631,29 +1634,22 @@ class Guard:
         _ACTIVE = None
 
 
-def _dispatchers(state: dict, mod: types.ModuleType) -> list:
-    """Every Numba dispatcher alive. The first time in a kernel, instances of the dispatcher
-    classes are found through the collector (they refer to their class); later, while no
-    collection has moved objects into the oldest generation, only the objects made since can be
-    new dispatchers, and those are in the two young generations (a fraction of the cost)."""
+def _dispatchers(mod: types.ModuleType) -> list:
+    """Every Numba dispatcher alive. Each registers a ``weakref.finalize`` when it is made, so
+    the finalizers' registry lists them all at a fraction of a scan of every object; without
+    that registry, instances of the dispatcher classes are found through the collector (they
+    refer to their class)."""
     kinds = _subclasses(mod._DispatcherBase)
-    stats = gc.get_stats()
-    key = (stats[1]["collections"], stats[2]["collections"])
-    cache = state.get("dispatchers")
-    if cache is not None and cache["key"] == key:
-        found = [d for d in cache["found"] if type(d) in kinds]
-        seen = {id(d) for d in found}
-        for generation in (0, 1):
-            found += [o for o in gc.get_objects(generation) if type(o) in kinds
-                      and id(o) not in seen]
-    else:
-        # Instances of a Python class refer to it, so the collector finds them in C (about
-        # twice as fast as filtering gc.get_objects() in Python).
-        found = [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
-    stats = gc.get_stats()
-    state["dispatchers"] = {"key": (stats[1]["collections"], stats[2]["collections"]),
-                            "found": found}
-    return found
+    registry = getattr(weakref.finalize, "_registry", None)
+    if isinstance(registry, dict):
+        found = []
+        for info in list(registry.values()):
+            ref = getattr(info, "weakref", None)
+            obj = ref() if isinstance(ref, weakref.ref) else None
+            if type(obj) in kinds:
+                found.append(obj)
+        return found
+    return [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
 
 
 def _subclasses(cls: type) -> set[type]:
