@@ -330,6 +330,25 @@ def test_9_1_a_serial_map_cannot_rewrite_the_call_record(cheat):
     _failed(result, "num_workers calls", "producer i owns")
 
 
+def read_all_then_rewrite_the_count(fn, items, num_workers):
+    """Reads the whole input first, then, before each result, rewrites the probe's count of
+    the items read (found in the input generator's frame) to look one ahead."""
+    frame = getattr(items, "gi_frame", None)
+    counter = (frame.f_locals.get("pulled") if frame is not None else None)
+    items = list(items)
+    for k, y in enumerate(parallel_map(fn, items, num_workers)):
+        if isinstance(counter, list):
+            counter[0] = k + 1
+        yield y
+
+
+def test_9_1_the_read_ahead_count_cannot_be_rewritten():
+    # the source counts what was read in a C counter (itertools.count): it can be advanced,
+    # never taken back
+    result = run_cases("9.1", read_all_then_rewrite_the_count, seed=13)
+    _failed(result, "streams")
+
+
 def test_9_1_an_unordered_pool_fails_the_order():
     result = run_cases("9.1", unordered_pool, seed=6)
     _failed(result, "results in input order", "producer i owns", strict=False)
