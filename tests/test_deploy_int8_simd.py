@@ -44,7 +44,9 @@ def test_int8_matmul_is_exact_on_this_target():
 def test_the_pmaddwd_path_is_exact_on_an_avx2_target():
     if not llvm.get_host_cpu_features().get("avx2"):
         pytest.skip("the host has no AVX2: the intrinsic path cannot run here")
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="")
+    # Compiled afresh (not loaded from the kernel cache): cached code cannot be disassembled.
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="",
+               MLSYS_LAB_NUMBA_CACHE="0")
     code = ("from mlsys_lab.deploy import int8_simd; assert int8_simd.USE_PMADDWD; "
             "from tests.test_deploy_int8_simd import check_exact; "
             "from mlsys_lab.deploy import int8_kernels as K; import re; check_exact(1); "

@@ -19,6 +19,8 @@ import functools
 import numba
 import numpy as np
 
+from ..engine.numba_cache import CACHE
+
 __all__ = ["item_key", "item_rng", "ItemRngs"]
 
 _M0, _M1 = np.uint64(0xD2E7470EE14C6C93), np.uint64(0xCA5A826395121157)  # Philox4x64 constants
@@ -51,7 +53,7 @@ def _mulhilo(a, b):
     return a_hi * b_hi + (lh >> shift) + (hl >> shift) + (mid >> shift), a * b
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _first_doubles(key0, key1, first, count, low, span, out):
     """``out[j]``: item ``first + j``'s first ``uniform(low, low + span)`` (block 1, word 0)."""
     for j in range(count):

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from ..engine.numba_cache import CACHE
 from ..errors import ArgumentError, DTypeError, ShapeError
 from .item_rng import ItemRngs
 
@@ -129,7 +130,7 @@ def encode_jpeg(image: np.ndarray, quality: int = 90) -> bytes:
 # ---------------------------------------------------------------------------------------------
 # Numba kernels (nogil: pipeline threads run them in parallel).
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _store(out, i, j, c, value, to_uint8):
     if to_uint8:  # value is a convex combination of uint8 values (or less): in [0, 255]
         out[i, j, c] = np.uint8(np.int32(value + 0.5))
@@ -137,7 +138,7 @@ def _store(out, i, j, c, value, to_uint8):
         out[i, j, c] = value
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _source_coordinates(out_size, in_size):
     """Per output index: the two source indices and the weight of the second (half-pixel
     centres, clamped at the edges)."""
@@ -153,7 +154,7 @@ def _source_coordinates(out_size, in_size):
     return first, second, weight
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _resize_into(src, out, ys0, ys1, wys, xs0, xs1, wxs, to_uint8):
     channels = src.shape[2]
     for i in range(out.shape[0]):
@@ -166,14 +167,14 @@ def _resize_into(src, out, ys0, ys1, wys, xs0, xs1, wxs, to_uint8):
                 _store(out, i, j, c, top * (1.0 - wy) + bottom * wy, to_uint8)
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _resize_one(src, out, to_uint8):
     ys0, ys1, wys = _source_coordinates(out.shape[0], src.shape[0])
     xs0, xs1, wxs = _source_coordinates(out.shape[1], src.shape[1])
     _resize_into(src, out, ys0, ys1, wys, xs0, xs1, wxs, to_uint8)
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _resize_many(src, out, to_uint8):
     ys0, ys1, wys = _source_coordinates(out.shape[1], src.shape[1])  # the same for every image
     xs0, xs1, wxs = _source_coordinates(out.shape[2], src.shape[2])
@@ -181,7 +182,7 @@ def _resize_many(src, out, to_uint8):
         _resize_into(src[n], out[n], ys0, ys1, wys, xs0, xs1, wxs, to_uint8)
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _tap(index, size):
     """A neighbour's index clamped into the image, and 1.0 if it was inside (else 0.0)."""
     if 0 <= index < size:
@@ -189,7 +190,7 @@ def _tap(index, size):
     return min(max(index, 0), size - 1), 0.0
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _rotation_terms(angle_degrees):
     """``cos`` and ``sin`` of the angle, exact at multiples of 90 degrees (so that a quarter
     turn is a pure permutation)."""
@@ -202,7 +203,7 @@ def _rotation_terms(angle_degrees):
     return cos_t, sin_t
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _rotate_one(src, out, angle_degrees, to_uint8):
     cos_t, sin_t = _rotation_terms(angle_degrees)
     height, width, channels = src.shape
@@ -240,13 +241,13 @@ def _rotate_one(src, out, angle_degrees, to_uint8):
                 _store(out, i, j, c, value, to_uint8)
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _rotate_many(src, out, angles_degrees, to_uint8):
     for n in range(src.shape[0]):
         _rotate_one(src[n], out[n], angles_degrees[n], to_uint8)
 
 
-@numba.njit(nogil=True, cache=False)
+@numba.njit(nogil=True, cache=CACHE)
 def _normalize_pixels(src, mean, inv_std, out):
     channels = src.shape[1]
     for p in range(src.shape[0]):

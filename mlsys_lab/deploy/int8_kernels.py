@@ -43,6 +43,7 @@ import numpy as np
 from numba import prange
 
 from ..engine.im2col import im2col
+from ..engine.numba_cache import CACHE
 from ..engine.ops_nn import conv_out_size
 from ..engine.passes.rewrite import Rewriter, graph_pass
 from ..engine.registry import REGISTRY, AVal, defop, get, register_impl
@@ -56,7 +57,7 @@ ACTIVATIONS = (None, "relu")
 
 
 # --- the loops --------------------------------------------------------------------------------
-@numba.njit(parallel=True, fastmath=True, cache=False)
+@numba.njit(parallel=True, fastmath=True, cache=CACHE)
 def _float32_dot(a, bt, out):
     """``out[i, j] = Σ_k a[i, k] * bt[j, k]`` in float32, rows in parallel (fastmath lets LLVM
     vectorise the float sum, as integer sums always may be)."""
@@ -70,7 +71,7 @@ def _float32_dot(a, bt, out):
             out[i, j] = acc
 
 
-@numba.njit(parallel=True, cache=False)
+@numba.njit(parallel=True, cache=CACHE)
 def _int8_dot(a, bt, out):
     """The same loops on bytes, accumulated in int32. Row ``i`` of A is widened to int16 once
     (it is read ``n`` times); the weight rows stay bytes, sign-extended as they stream in."""
@@ -84,7 +85,7 @@ def _int8_dot(a, bt, out):
             out[i, j] = row_dot(row, bt, j)   # Σ_p row[p] * bt[j, p] in int32
 
 
-@numba.njit(parallel=True, cache=False)
+@numba.njit(parallel=True, cache=CACHE)
 def _qgemm(a, bt, const, w_zp, mult, y_zp, lo, hi, out):
     """Requantised int8 GEMM: the int8 loops above into an int32 row, then per output
     ``rint((acc + const[j] - w_zp[j] * Σ_k a[i, k]) * mult[j]) + y_zp`` clipped to [lo, hi].

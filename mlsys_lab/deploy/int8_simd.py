@@ -23,6 +23,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from ..engine.numba_cache import CACHE
+
 #: CPU names (as ``NUMBA_CPU_NAME`` gives them) with AVX2 but neither AVX-512 nor AVX-VNNI.
 AVX2_ONLY = frozenset({"haswell", "broadwell", "skylake", "znver1", "znver2", "znver3",
                        "x86-64-v3"})
@@ -98,7 +100,7 @@ def _pmaddwd_row_dot(typingctx, row, bt, j):
     return sig, codegen
 
 
-@numba.njit(inline="always", cache=False)
+@numba.njit(inline="always", cache=CACHE)
 def _loop_row_dot(row, bt, j):
     acc = np.int32(0)
     for p in range(row.shape[0]):

@@ -18,6 +18,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from ..engine.numba_cache import CACHE
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..nn.layers import BatchNorm2d, Conv2d, Flatten, Linear, Sequential
@@ -258,7 +259,7 @@ class CSRMatrix:
         return int(self.data.nbytes + self.indices.nbytes + self.indptr.nbytes)
 
 
-@numba.njit(parallel=True, fastmath=True, cache=False)
+@numba.njit(parallel=True, fastmath=True, cache=CACHE)
 def _csr_matmul_kernel(data, indices, indptr, b, out):
     n = b.shape[1]
     for i in prange(out.shape[0]):

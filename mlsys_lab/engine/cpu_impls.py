@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import OpError
 from . import ops_math, ops_nn, ops_shape  # noqa: F401  (the ops these kernels implement)
+from .numba_cache import CACHE
 from .registry import register_impl
 
 
@@ -37,13 +38,13 @@ def same_dtype(avals, out, attrs):
 
 
 # --- relu_grad --------------------------------------------------
-@numba.njit(error_model="numpy", cache=False)
+@numba.njit(error_model="numpy", cache=CACHE)
 def _relu_grad_flat(out, g, x):
     for i in range(out.shape[0]):
         out[i] = g[i] if x[i] > 0 else 0  # exactly 0, even where g is inf or NaN
 
 
-@numba.njit(error_model="numpy", cache=False)
+@numba.njit(error_model="numpy", cache=CACHE)
 def _relu_grad_in_place(g, x):
     for i in range(g.shape[0]):
         g[i] = g[i] if x[i] > 0 else 0  # one array written: LLVM vectorises it
@@ -77,7 +78,7 @@ def _relu_grad_accepts(avals, out, attrs):
 
 
 # --- softmax cross-entropy --------------------------------------------------------------------
-@numba.njit(error_model="numpy", cache=False)
+@numba.njit(error_model="numpy", cache=CACHE)
 def _cross_entropy_loss(x, t):
     """Mean of logsumexp(x_i) - x_i[t_i]; returns (loss, index of a bad target or -1)."""
     n, c = x.shape
@@ -96,7 +97,7 @@ def _cross_entropy_loss(x, t):
     return total / n, -1
 
 
-@numba.njit(error_model="numpy", cache=False)
+@numba.njit(error_model="numpy", cache=CACHE)
 def _cross_entropy_grad(out, x, t):
     """out = (softmax(x) - onehot(t)) / N; returns the index of a bad target or -1."""
     n, c = x.shape

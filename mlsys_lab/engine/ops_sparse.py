@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import ArgumentError, DTypeError, RankError
 from .dispatch import apply, is_grad_enabled
+from .numba_cache import CACHE
 from .ops_shape import getitem, reshape
 from .ops_shape import sum as reduce_sum
 from .registry import AVal, defop, register_impl
@@ -160,7 +161,7 @@ def _per_id_grad(g, ids, offsets, mode, psw=None):
     return _per_id_scale(g[seg], counts, seg, mode, psw)
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=CACHE)
 def _merge_bag_grad(g, offsets, inverse, count, psw, use_psw, mean, div):
     """Each id's cotangent (its bag's row, over the bag size or times its weight) added into
     its unique row, in id order (the order ``embedding_bag_grad`` adds them)."""
@@ -185,7 +186,7 @@ def _merge_bag_grad(g, offsets, inverse, count, psw, use_psw, mean, div):
     return values
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=CACHE)
 def _is_arange(offsets):
     for b in range(offsets.shape[0]):
         if offsets[b] != b:

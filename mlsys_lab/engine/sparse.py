@@ -17,6 +17,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..errors import ArgumentError, DTypeError, ShapeError
+from .numba_cache import CACHE
 from .tensor import Tensor
 
 #: How many rows ahead the row kernels prefetch (16 rows of 256 B: 64 cache lines in flight).
@@ -51,7 +52,7 @@ def prefetch(typingctx, arr, row, col):
     return sig, codegen
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=CACHE)
 def _scatter_add_rows(out, rows, values, scale):
     for k in range(rows.shape[0]):
         r = rows[k]
@@ -73,7 +74,7 @@ def scatter_add_rows(out, rows, values, scale=1.0):
     return out
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=CACHE)
 def _unique_first_seen(ids, table, unique, inverse):
     """Fill ``unique[:count]`` with the distinct ids in order of first appearance and
     ``inverse[k]`` with the position of ``ids[k]`` among them; return ``count``.

@@ -24,8 +24,9 @@ import numpy as np
 from numba import njit
 
 from ..engine.im2col import im2col
+from ..engine.numba_cache import CACHE
 
-_JIT = dict(cache=False, error_model="numpy")
+_JIT = dict(cache=CACHE, error_model="numpy")
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 # The loops are serial on purpose: numpy's BLAS runs the GEMMs on every core right after them,
 # and an OpenMP team of Numba threads that spins after its parallel loop (the default) starves
@@ -34,7 +35,7 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 # reach the loops C-contiguous (copied if need be), so each loop compiles once per dtype.
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _valid(count, size, step, offset):
     """[lo, hi): the q in [0, count) with 0 <= q·step + offset < size."""
     lo = 0 if offset >= 0 else (-offset + step - 1) // step

@@ -35,16 +35,17 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..engine.numba_cache import CACHE
 from ..errors import ArgumentError, DTypeError, ShapeError
 from . import cpu_config
 from .cpu_config import Blocking, PackedConfig
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
-# Compiled at first call for each dtype. ``cache=False`` keeps compiled code out of the source
+# Compiled at first call for each dtype. ``cache=CACHE`` keeps compiled code out of the source
 # tree; ``fastmath`` lets LLVM reassociate sums so inner loops vectorise (rounding differs from
 # numpy's at the level of float round-off).
-_JIT = dict(cache=False, fastmath=True)
+_JIT = dict(cache=CACHE, fastmath=True)
 
 TILE_I, TILE_J, TILE_K = 64, 256, 128
 """Cache tile of the ``tiled`` and ``parallel`` rungs: C tile TILE_I×TILE_J, K in TILE_K steps
@@ -544,8 +545,9 @@ def matmul_packed(a, b, config: str | PackedConfig | None = None,
 @functools.lru_cache(maxsize=None)
 def _one_tile(mr, vectors, lanes):
     """One register tile alone, compiled as the micro-kernel compiles it (which holds three
-    copies: add into C, store into C, into the edge buffer): what :func:`emitted_fmas` reads."""
-    @njit(**_JIT)
+    copies: add into C, store into C, into the edge buffer): what :func:`emitted_fmas` reads.
+    Never cached: code loaded from Numba's cache cannot be disassembled."""
+    @njit(**{**_JIT, "cache": False})
     def one_tile(a_panel, b_panel, c):
         _register_tile(a_panel, b_panel, c, 0, 0, mr, vectors, lanes, 1)
 

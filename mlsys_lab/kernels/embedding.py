@@ -27,12 +27,13 @@ import numba
 import numpy as np
 
 from ..engine import ops_sparse
+from ..engine.numba_cache import CACHE
 from ..engine.registry import register_impl
 from ..engine.sparse import PREFETCH_DISTANCE
 from ..engine.sparse import prefetch as _prefetch
 
 
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _prefetch_row(w, r):
     step = max(1, 64 // w.itemsize)
     for c in range(0, w.shape[1], step):
@@ -40,7 +41,7 @@ def _prefetch_row(w, r):
 
 
 # --- embedding_bag: the pooled gather ------------------------------------------------------------
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _bad_bags(ids, offsets, nb, rows):
     """1 when offsets are bad, 2 when an id is outside ``[0, rows)``, else 0."""
     n = ids.shape[0]
@@ -58,7 +59,7 @@ def _bad_bags(ids, offsets, nb, rows):
     return 0
 
 
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _pool_kernel(w, ids, offsets, psw, use_psw, mean, out, div):
     """Return 0, or 1 (bad offsets) / 2 (an id outside the table) before writing anything."""
     n, nb, dim = ids.shape[0], out.shape[0], w.shape[1]
@@ -120,7 +121,7 @@ register_impl("embedding_bag", "cpu", embedding_bag_out, name="numba.embedding_b
 
 
 # --- the sparse optimisers' row updates -----------------------------------------------------------
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _sgd_kernel(p, rows, values, lr):
     n = rows.shape[0]
     for k in range(min(PREFETCH_DISTANCE, n)):
@@ -133,7 +134,7 @@ def _sgd_kernel(p, rows, values, lr):
             p[r, j] -= lr * values[k, j]
 
 
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _adagrad_kernel(p, acc, rows, values, lr, eps):
     n = rows.shape[0]
     for k in range(min(PREFETCH_DISTANCE, n)):
@@ -151,7 +152,7 @@ def _adagrad_kernel(p, acc, rows, values, lr, eps):
             p[r, j] -= lr * v / (np.sqrt(s) + eps)
 
 
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _sparse_adam_kernel(p, m, v2, rows, values, c1, c2, step, eps):
     n = rows.shape[0]
     for k in range(min(PREFETCH_DISTANCE, n)):

@@ -24,6 +24,7 @@ in :mod:`mlsys_lab.kernels.embedding`.
 import numba
 import numpy as np
 
+from ..engine.numba_cache import CACHE
 from .embedding import _KERNEL_DTYPES
 
 
@@ -40,7 +41,7 @@ def _writeable(*arrays):
 
 
 # --- SGD -----------------------------------------------------------------------------------------
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _sgd_kernel(p, g, lr):
     for i in range(p.shape[0]):
         p[i] -= lr * g[i]
@@ -57,7 +58,7 @@ def sgd_dense(p, g, lr):
 
 
 # --- Adam ----------------------------------------------------------------------------------------
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _adam_kernel(p, g, m, v, c_b1, c_1b1, c_b2, c_1b2, lr_t, eps, wd, use_wd, rounded):
     """One Adam step, element by element, in numpy's order; ``rounded`` is a 1-element array
     of the parameter's dtype that rounds the float64 step to it (as numpy's ``astype``)."""
@@ -110,7 +111,7 @@ def adam_dense_reference(p, g, m, v, lr, beta1, beta2, eps, weight_decay, t):
 
 
 # --- RMSProp -------------------------------------------------------------------------------------
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _rmsprop_kernel(p, g, sq, c_a, c_1a, lr, eps, wd, use_wd):
     for i in range(p.shape[0]):
         gi = g[i]
@@ -144,7 +145,7 @@ def rmsprop_dense_reference(p, g, square_avg, lr, alpha, eps, weight_decay):
 
 
 # --- Adagrad -------------------------------------------------------------------------------------
-@numba.njit(cache=False, error_model="numpy")
+@numba.njit(cache=CACHE, error_model="numpy")
 def _adagrad_kernel(p, g, acc, lr, eps, wd, use_wd):
     for i in range(p.shape[0]):
         gi = g[i]

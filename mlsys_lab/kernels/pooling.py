@@ -12,25 +12,27 @@ alone receives the window's gradient; a window position in the padding gets none
 import numpy as np
 from numba import njit
 
-_JIT = dict(cache=False, error_model="numpy")
+from ..engine.numba_cache import CACHE
+
+_JIT = dict(cache=CACHE, error_model="numpy")
 
 
 # Each loop body is inlined into its kernel twice, for 2×2 windows and for any size: with the
 # window size a constant, LLVM unrolls the window loops (each variant costs compile time, so
 # only the commonest window has its own). Comparisons pick values with selects, not branches
 # (a max of random data mispredicts every other branch).
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _inside(plane, i0, j0, kh, kw):
     return i0 >= 0 and j0 >= 0 and i0 + kh <= plane.shape[0] and j0 + kw <= plane.shape[1]
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _at(plane, i, j, neg):
     """plane[i, j], or ``neg`` (-inf of the plane's dtype) in the padding."""
     return plane[i, j] if 0 <= i < plane.shape[0] and 0 <= j < plane.shape[1] else neg
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _interior(count, size, k, step, pad):
     """[lo, hi): the window positions q in [0, count) that lie wholly inside (no padding)."""
     lo = min(count, (pad + step - 1) // step)
@@ -38,7 +40,7 @@ def _interior(count, size, k, step, pad):
     return lo, max(lo, hi)
 
 
-@njit(cache=False)
+@njit(cache=CACHE)
 def _edge_max(plane, i0, j0, kh, kw, neg):
     """The maximum of a window that reaches into the padding (-inf there; NaN wins)."""
     best = neg
@@ -49,7 +51,7 @@ def _edge_max(plane, i0, j0, kh, kw, neg):
     return best
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _inner_max(plane, i0, j0, kh, kw):
     """The maximum of a window wholly inside the plane (NaN wins)."""
     best = plane[i0, j0]
@@ -60,7 +62,7 @@ def _inner_max(plane, i0, j0, kh, kw):
     return best
 
 
-@njit(cache=False)
+@njit(cache=CACHE)
 def _edge_argmax(plane, i0, j0, kh, kw, neg):
     """The tap (i·kw + j) of the first maximum, or first NaN, of a window that reaches into
     the padding (-inf there, so a window of padding and -inf answers tap 0)."""
@@ -74,7 +76,7 @@ def _edge_argmax(plane, i0, j0, kh, kw, neg):
     return tap
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _inner_argmax(plane, i0, j0, kh, kw):
     """The tap of the first maximum, or first NaN, of a window wholly inside the plane."""
     best, tap = plane[i0, j0], 0
@@ -87,7 +89,7 @@ def _inner_argmax(plane, i0, j0, kh, kw):
     return tap
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _row_taps(plane, taps, p, kh, kw, sh, sw, ph, pw, neg):
     """taps[q] = the argmax tap of every window of output row p (interior windows in a loop
     of their own, which LLVM vectorises; a call in the loop would stop it)."""
@@ -104,7 +106,7 @@ def _row_taps(plane, taps, p, kh, kw, sh, sw, ph, pw, neg):
         taps[q] = _edge_argmax(plane, i0, q * sw - pw, kh, kw, neg)
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _max_pool_body(x, out, kh, kw, sh, sw, ph, pw, neg):
     n_img, ch, oh, ow = out.shape
     for n in range(n_img):
@@ -122,7 +124,7 @@ def _max_pool_body(x, out, kh, kw, sh, sw, ph, pw, neg):
                     dst[p, q] = _edge_max(plane, i0, q * sw - pw, kh, kw, neg)
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _max_pool_scatter_body(g, x, out, kh, kw, sh, sw, ph, pw, neg):
     n_img, ch, h, w = out.shape
     oh, ow = g.shape[2:]
@@ -141,7 +143,7 @@ def _max_pool_scatter_body(g, x, out, kh, kw, sh, sw, ph, pw, neg):
                         grad[i, j] += g[n, c, p, q]
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _max_pool_select_body(u, x, out, kh, kw, sh, sw, ph, pw, neg):
     n_img, ch, oh, ow = out.shape
     h, w = x.shape[2:]
@@ -156,7 +158,7 @@ def _max_pool_select_body(u, x, out, kh, kw, sh, sw, ph, pw, neg):
                     out[n, c, p, q] = u[n, c, i, j] if 0 <= i < h and 0 <= j < w else 0
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _window_sum(plane, i0, j0, kh, kw):
     """The sum (in float64) of the window's pixels inside the plane (padding adds zeros)."""
     total = 0.0
@@ -171,7 +173,7 @@ def _window_sum(plane, i0, j0, kh, kw):
     return total
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _avg_pool_body(x, out, kh, kw, sh, sw, ph, pw):
     n_img, ch, oh, ow = out.shape
     scale = 1.0 / (kh * kw)
@@ -183,7 +185,7 @@ def _avg_pool_body(x, out, kh, kw, sh, sw, ph, pw):
                     out[n, c, p, q] = _window_sum(plane, p * sh - ph, q * sw - pw, kh, kw) * scale
 
 
-@njit(cache=False)
+@njit(cache=CACHE)
 def _spread_edge(grad, share, i0, j0, kh, kw):
     """Add ``share`` to the pixels of a window that reaches into the padding."""
     for i in range(max(i0, 0), min(i0 + kh, grad.shape[0])):
@@ -191,7 +193,7 @@ def _spread_edge(grad, share, i0, j0, kh, kw):
             grad[i, j] += share
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _avg_pool_grad_body(g, out, kh, kw, sh, sw, ph, pw):
     n_img, ch, h, w = out.shape
     oh, ow = g.shape[2:]

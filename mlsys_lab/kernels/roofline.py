@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import timing
+from ..engine.numba_cache import CACHE
 
 
 class DevicePeak(NamedTuple):
@@ -110,7 +111,7 @@ def measure_peak_flops(seconds=1.0, n=1024, dtype=np.float32):
     return 2 * n**3 / max(best, 1e-9)
 
 
-@njit(parallel=True, cache=False)
+@njit(parallel=True, cache=CACHE)
 def _triad(a, b, c, scalar):
     for i in prange(a.shape[0]):
         a[i] = b[i] + scalar * c[i]

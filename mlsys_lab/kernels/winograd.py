@@ -20,9 +20,10 @@ weight turned around (``w[o, c, 2 - i, 2 - j]`` as an (C, O, 3, 3) weight) and p
 import numpy as np
 from numba import njit
 
+from ..engine.numba_cache import CACHE
 from .conv import G
 
-_JIT = dict(cache=False, error_model="numpy")
+_JIT = dict(cache=CACHE, error_model="numpy")
 
 
 @njit(**_JIT)
@@ -44,25 +45,25 @@ def _padded_halves(plane, even, odd, ph, pw):
             odd[r, k] = plane[r - ph, 2 * k + 1 - pw]
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _bt(d0, d1, d2, d3):
     """Bᵀ applied to 4 values: d0 - d2, d1 + d2, d2 - d1, d1 - d3."""
     return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _at(m0, m1, m2, m3):
     """Aᵀ applied to 4 values: m0 + m1 + m2, m1 - m2 - m3."""
     return m0 + m1 + m2, m1 - m2 - m3
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _epilogue(value, relu):
     """max(value, 0) when relu (NaN stays NaN), else value."""
     return (0 if value <= 0 else value) if relu else value
 
 
-@njit(cache=False, inline="always")
+@njit(cache=CACHE, inline="always")
 def _store_column(dst, s, t, c0, c1, c2, c3):
     """Column s of Bᵀ (d B) (the values of column s of d B in rows 0..3) into dst[4r + s, t]."""
     v0, v1, v2, v3 = _bt(c0, c1, c2, c3)

@@ -13,6 +13,7 @@ import numba
 import numpy as np
 
 from ...cpu_impls import _c_order_target, same_dtype
+from ...numba_cache import CACHE
 from ...registry import register_impl
 from . import ops  # noqa: F401  (the ops these kernels implement)
 
@@ -22,7 +23,7 @@ def _blas_dtype(dtype):
     return None if np.dtype(dtype) in _cblas() else f"numpy's BLAS has no {np.dtype(dtype)} GEMM"
 
 
-@numba.njit(error_model="numpy", cache=False)
+@numba.njit(error_model="numpy", cache=CACHE)
 def _bias_relu_rows(out, b):
     """out[i, j] = max(out[i, j] + b[j], 0) in one pass."""
     for i in range(out.shape[0]):
@@ -190,7 +191,7 @@ def _blas_accepts(dtype):
 
 
 # --- column sum with accumulation (a bias gradient folded into its update) --------------------
-@numba.njit(error_model="numpy", cache=False)
+@numba.njit(error_model="numpy", cache=CACHE)
 def _sum_accumulate_rows(out, c, x, alpha, beta):
     acc = np.zeros(x.shape[1], np.float64)
     for i in range(x.shape[0]):
