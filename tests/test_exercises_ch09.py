@@ -9,6 +9,7 @@ several seeds, and the library's own implementations must be refused.
 from __future__ import annotations
 
 import concurrent.futures
+import linecache
 import queue
 import threading
 
@@ -19,7 +20,7 @@ from mlsys_lab.data import DataLoader, DistributedSampler, pipeline_sim
 from mlsys_lab.data.autotune import predicted_throughput
 from mlsys_lab.data.pipeline import Pipeline
 from mlsys_lab.data.records import read_shard
-from mlsys_lab.grading import ch09
+from mlsys_lab.grading import ch09, guard
 from mlsys_lab.grading.checks import exercises_for_chapter, legacy_cases, run_cases
 
 from .exercise_results import fails_only as _failed
@@ -300,6 +301,50 @@ def serial_then_forge_the_pipe(fn, items, num_workers):
                     for i in lane:
                         os.write(fd, struct.pack("<cqQ", bytes([kind]), i,
                                                  1000 + i % num_workers))
+
+
+#: Never calls fn: its work (found in fn's closure) one item at a time, and a made-up record of
+#: num_workers calls at once, one thread per lane, written straight to the pipe's write end
+#: (found in the noting function's closure). As a notebook cell (student code), whose os calls
+#: the closed probe refuses.
+FORGE_THE_PIPE_CELL = """
+import os
+import struct
+
+
+def forge_the_pipe(fn, items, num_workers):
+    free = lambda f: dict(zip(f.__code__.co_freevars, [c.cell_contents for c in f.__closure__]))
+    cells = free(fn) if fn.__closure__ else {}
+    if "work" not in cells:  # a case that records nothing: a plain serial map
+        yield from (fn(x) for x in items)
+        return
+    work, fd = cells["work"], free(cells["note"])["write_end"]
+    items = iter(items)
+    while chunk := [x for _, x in zip(range(num_workers), items)]:
+        for kind in b"SE":
+            for i in chunk:
+                os.write(fd, struct.pack("<cqQ", bytes([kind]), i, 1000 + i % num_workers))
+        yield from (work(x) for x in chunk)
+"""
+
+
+def _cell(source, name):
+    """``name`` as a notebook cell defines it after the seal: the student's own code."""
+    guard._local_seal()
+    scope = {"__name__": "__main__"}
+    filename = f"/tmp/ipykernel_4242/{abs(hash(source))}.py"  # as a kernel names a cell
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), scope)
+    return scope[name]
+
+
+def test_9_1_a_record_written_straight_to_the_pipe_is_refused():
+    # the only way to a record without calling fn is to write the pipe directly: the closed
+    # probe refuses os from the student's code (posix.write), in the cases that record
+    result = run_cases("9.1", _cell(FORGE_THE_PIPE_CELL, "forge_the_pipe"), seed=12)
+    _failed(result, "num_workers calls", "producer i owns", strict=False)
+    assert "`posix.write` is off limits" in _rows(result)[
+        "num_workers calls run at once, never more"].feedback, _feedback(result)
 
 
 def one_thread_brackets_the_calls(fn, items, num_workers):
