@@ -55,10 +55,10 @@ Batched collectives
 A 1,024-rank ring all-reduce has two million messages: too many to simulate one by one in a
 second. Collectives therefore offer themselves whole (``comm.batched``); when *every* rank of
 the cluster has entered the same one, no other message was issued meanwhile, the ring's routes
-share no link and no earlier message still holds one, the engine runs it in one go
-(:mod:`.sim_batch`): the data by the algorithm's own order of operations
-(:func:`.collectives.ring_plan`) and the times by the very same per-message arithmetic,
-vectorised over ranks with numpy (per-link alpha and beta, so a slow link shows).
+share no link and no earlier message still holds one, the batched strategy the event loop
+consults (:mod:`.sim_batch`) runs it in one go: the data by the algorithm's own order of
+operations (:func:`.collectives.ring_plan`) and the times by the very same per-message
+arithmetic, vectorised over ranks with numpy (per-link alpha and beta, so a slow link shows).
 Otherwise it runs the collective's generator message by message from each rank's entry time
 (exact too, since nothing else was sent meanwhile; the one inexact case: messages sent by ranks
 *while* others waited to batch are ordered before the collective's on shared links, where a
@@ -66,9 +66,10 @@ run with ``batched=False`` could interleave them). Tests check that both paths g
 times, trace and data at p = 64. At p = 1,024 x 256 MiB the data cannot exist, so
 :class:`SymbolicArray` carries shape and dtype without values: its runs check timing only.
 
-Modules: this one (``Cluster``, ``run``, ``Result``), :mod:`.sim_engine` (the event loop),
-:mod:`.sim_network` (link sharing and ports), :mod:`.sim_batch`, :mod:`.sim_trace`,
-:mod:`.symbolic`.
+Modules: this one (``Cluster``, ``run``, ``Result``), :mod:`.sim_engine` (the event loop:
+event records, one handler per kind, device failures as events), :mod:`.sim_network` (link
+sharing, ports, routes, link failures), :mod:`.sim_batch` (the batched ring strategy),
+:mod:`.sim_trace`, :mod:`.symbolic`; the package's ``README.md`` maps them.
 """
 
 from __future__ import annotations

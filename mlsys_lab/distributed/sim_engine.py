@@ -61,6 +61,7 @@ __all__ = ["ANY", "FAULT", "KINDS", "NETWORK", "PORT", "RESUME", "Engine", "Even
 
 FAULT, PORT, NETWORK, RESUME, ANY = range(5)  # the kinds, in their order at one instant
 KINDS = ("fault", "port", "network", "resume", "any")
+_record = tuple.__new__  # Event(...) without the Python-level __new__ (one per event)
 
 
 class Event(NamedTuple):
@@ -120,7 +121,7 @@ class Engine:
     def push(self, time, kind, order=0, target=-1, value=None):
         self.seq += 1
         self.live += kind != FAULT
-        heapq.heappush(self.events, Event(time, kind, order, self.seq, target, value))
+        heapq.heappush(self.events, _record(Event, (time, kind, order, self.seq, target, value)))
 
     def schedule(self, agent, when, value=None):
         """Resume ``agent`` at ``when``; its ``yield`` gives ``value``."""
