@@ -40,8 +40,8 @@ from their files when a probe first needs them.
   package calling others inside itself is not refused, nor is the standard library using its
   own modules, nor module code run by an import (importing is not running), nor ``__del__``.
   C functions the student's code calls are judged by the module of the function (or of the
-  class defining the method). The import machinery and the kernel's output path (``print``)
-  are always allowed.
+  class defining the method). The import machinery, the kernel's output path (``print``) and
+  tqdm are always allowed.
 * C functions named in the plan (``"math:fsum"``, ``"numpy:ndarray.mean"``) are refused when
   Python code calls them, on any object whose class inherits the method (a call made from C,
   ``map(math.fsum, ...)``, is not seen: prefer to forbid the Python function behind a C entry
@@ -1058,11 +1058,11 @@ def _watched_python() -> dict[int, tuple[Any, str]]:
 
 #: Always allowed, whatever the exercise: the import statement's machinery (importing is not
 #: running: a module that is not allowed still refuses when it is called), the kernel's own
-#: output path (``print`` in the student's code writes through ipykernel's streams) and
-#: pytest's capture.
+#: output path (``print`` in the student's code writes through ipykernel's streams), progress
+#: bars (tqdm) and pytest's capture.
 _KERNEL_IO = ("importlib._bootstrap", "importlib._bootstrap_external", "_frozen_importlib",
               "_frozen_importlib_external", "_imp", "zipimport", "ipykernel", "IPython", "zmq",
-              "jupyter_client", "traitlets", "tornado", "comm", "_pytest", "_io", "io",
+              "jupyter_client", "traitlets", "tornado", "comm", "tqdm", "_pytest", "_io", "io",
               "codecs", "encodings")
 _STDLIB = frozenset(sys.stdlib_module_names)
 _IMPORTING = ("importlib._bootstrap", "_frozen_importlib")
@@ -1090,25 +1090,40 @@ def _permits(allowed: tuple[dict[str, bool], ...], module: str) -> bool:
             return False
 
 
-def _module_of(state: dict, path: str) -> str | None:
-    """The module a source file is loaded as (``sys.modules``), or None."""
+def _module_of(state: dict, filename: str) -> str | None:
+    """The module a source file is loaded as (``sys.modules``), or None. Looked up by the file
+    name as the loader gave it (a module's ``__file__`` is its code's ``co_filename``), then by
+    its real path (a symlinked or relative name)."""
     files = state["files"]
-    module = files["map"].get(path)
-    if module is None and files["modules"] != len(sys.modules):
-        table, done = files["map"], files.setdefault("done", set())
+    raw, real = files["map"], files.setdefault("real", {})
+    module = raw.get(filename)
+    if module is not None:
+        return module
+    if files["modules"] != len(sys.modules):
+        done = files.setdefault("done", set())
         for name, mod in list(sys.modules.items()):
-            if name in done:
-                continue
-            done.add(name)
-            filename = getattr(mod, "__file__", None)
-            if isinstance(filename, str):
-                real = _REALPATH.get(filename)
-                if real is None:
-                    real = _REALPATH[filename] = os.path.realpath(filename)
-                table.setdefault(real, name)
+            if name not in done:
+                done.add(name)
+                path = getattr(mod, "__file__", None)
+                if isinstance(path, str):
+                    raw.setdefault(path, name)
+                    files.setdefault("pending", []).append((path, name))
         files["modules"] = len(sys.modules)
-        module = table.get(path)
-    return module
+        module = raw.get(filename)
+        if module is not None:
+            return module
+    if filename.startswith("<"):
+        return None
+    for path, name in files.pop("pending", ()):  # real paths only when a name did not match
+        real.setdefault(_realpath(path), name)
+    return real.get(_realpath(filename))
+
+
+def _realpath(name: str) -> str:
+    path = _REALPATH.get(name)
+    if path is None:
+        path = _REALPATH[name] = os.path.realpath(name)
+    return path
 
 
 def _claimed_module(state: dict, code: types.CodeType) -> str | None:
@@ -1119,7 +1134,7 @@ def _claimed_module(state: dict, code: types.CodeType) -> str | None:
         return filename[8:-1]
     if _synthetic(filename):
         return None
-    return _module_of(state, _where(code)[0])
+    return _module_of(state, filename)
 
 
 def _origin(state: dict, code: types.CodeType) -> tuple[str | None, bool]:
@@ -1366,7 +1381,13 @@ class Guard:
                 if entry[1] is not None:
                     me._on_call(frame, entry)
                 elif entry[3] is not None:
-                    me._on_foreign(frame, entry[3])
+                    foreign = entry[3]
+                    if foreign[2]:  # the standard library's: refused when the student calls it
+                        back = frame.f_back
+                        if back is not None and students.get(id(back.f_code)) is back.f_code:
+                            me._on_forbidden(foreign[:2])
+                    else:  # a package's: the student's code may also be further down
+                        me._on_foreign(frame, foreign)
             elif event == "c_call":
                 if me._closing:
                     return handover(frame, event, arg)
