@@ -182,9 +182,11 @@ class Engine:
         self.settle(op)
 
     def on_network(self, event):
+        """Fair sharing: flows may have ended; deliver them (a superseded event does nothing)."""
         self.mail.flows_done(event.time)
 
     def on_resume(self, event):
+        """Run the agent to its next request and hand that to the request's method."""
         agent, rank = self.agents[event.target], event.target
         agent.clock, self.current = event.time, rank
         request = agent.advance(event.value, rank)
@@ -204,6 +206,7 @@ class Engine:
             self.requests.get(type(request), self.post)(rank, event.time, request)
 
     def on_any(self, event):
+        """A message for an any-source receive is due: the first to arrive is taken."""
         self.mail.retry_any(event.time)
 
     # -- requests -----------------------------------------------------------------------------
@@ -225,18 +228,18 @@ class Engine:
         if not isinstance(task, _Task) or task.engine is not self:
             raise ArgumentError(f"sim.run: rank {self.agents[rank].device} waited on {task!r}, "
                                 f"not a task that comm.start gave in this run")
-        done = self.agents[task.agent]
-        if done.done:
-            self.schedule(rank, max(now, done.finish), done.result)
+        background = self.agents[task.agent]
+        if background.done:
+            self.schedule(rank, max(now, background.finish), background.result)
             return
-        done.joiners.append((rank, now))
+        background.joiners.append((rank, now))
         self.agents[rank].blocked = _Op(rank, self.agents[rank].device, now, req, True)
 
     def send(self, rank, now, req):
         """A rank is busy in a ``send`` until its message has arrived."""
         op = _Op(rank, self.agents[rank].device, now, req, True)
-        arrival = self.mail.transfer(op.dev, req.comm.group[req.dst], req.comm.context, req.tag,
-                                req.array, now, op)
+        arrival = self.mail.transfer(op.dev, req.comm.group[req.dst], req.comm.context,
+                                     req.tag, req.array, now, op)
         if arrival is not None:
             self.schedule(rank, arrival)
         else:
