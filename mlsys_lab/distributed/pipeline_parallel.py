@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.autodiff import _topo_from
+from ..engine.autodiff import tape_order
 from ..engine.tensor import Tensor, no_grad
 from ..errors import ArgumentError, DTypeError, UnknownNameError
 from ..nn.layers import Sequential
@@ -280,7 +280,7 @@ def split_sequential(model, p):
 
 def _tape_bytes(out):
     """Bytes of every intermediate the backward pass of ``out`` keeps alive."""
-    return int(sum(t.data.nbytes for t in _topo_from([out]) if t.data is not None))
+    return int(sum(t.data.nbytes for t in tape_order([out]) if t.data is not None))
 
 
 @dataclass

@@ -19,8 +19,12 @@ from .sparse import accumulate_grad
 from .tensor import MODE, Tensor, apply, as_tensor, enable_grad, no_grad, zeros_like
 
 
-def _topo_from(roots):
-    """Tape nodes (tensors with a ctx) reachable from ``roots``, outputs before inputs."""
+def tape_order(roots):
+    """Tape nodes (tensors with a ctx) reachable from ``roots``, outputs before inputs.
+
+    The order ``backward`` walks; the tensors it lists are what the tape keeps alive (pipeline
+    parallelism's memory model sums their bytes).
+    """
     order, seen = [], set()
     for root in roots:
         if root._ctx is None or id(root) in seen:
@@ -57,7 +61,7 @@ def _backprop(outputs, cotangents, targets, retain_graph, create_graph, order=No
     ``order`` may pass in the tape order already computed; then every taped tensor is assumed
     to lead to a target (true when the targets are all the leaves that require grad)."""
     if order is None:
-        order = _topo_from(outputs)
+        order = tape_order(outputs)
         useful = _reaches(order, targets)
     else:
         useful = None
@@ -121,7 +125,7 @@ def backward(out, grad=None, retain_graph=False, create_graph=False):
     if not out.requires_grad:
         raise GraphError("backward: the tensor does not require grad (no input had "
                          "requires_grad=True, or it was computed under no_grad)")
-    order = _topo_from([out])
+    order = tape_order([out])
     leaves = [x for t in order for x in t._ctx[1] if x.requires_grad and x._ctx is None]
     leaves = list({id(x): x for x in leaves}.values()) or ([out] if out._ctx is None else [])
     res = _backprop([out], [_seed(out, grad)], leaves, retain_graph or create_graph,
@@ -318,7 +322,7 @@ def tape_to_graph(*outputs, name="tape"):
     """The dynamic graph the tape recorded for ``outputs``, as a Graph (leaves become inputs)."""
     from .graph import Graph, Node, Value, name_generator
 
-    order = list(reversed(_topo_from(outputs)))
+    order = list(reversed(tape_order(outputs)))
     names = name_generator()
     vals, inputs, nodes, consts = {}, [], [], {}
 

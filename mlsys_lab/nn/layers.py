@@ -120,8 +120,8 @@ class BatchNorm2d(Module):
                                                  m * var.numpy() * n / max(n - 1, 1))
                                  .astype(np.float32))
             return ops.batch_norm(x, mu, var, self.weight, self.bias, self.eps)
-        return ops.batch_norm(x, Tensor._wrap(self.running_mean.astype(x.dtype)),
-                              Tensor._wrap(self.running_var.astype(x.dtype)),
+        return ops.batch_norm(x, Tensor(self.running_mean.astype(x.dtype)),
+                              Tensor(self.running_var.astype(x.dtype)),
                               self.weight, self.bias, self.eps)
 
     def extra_repr(self):

@@ -34,7 +34,7 @@ def bce_with_logits(logits, labels):
     """Mean binary cross-entropy of ``labels`` under ``sigmoid(logits)``, computed stably:
     ``max(z, 0) - z y + log(1 + exp(-|z|))``."""
     z = ops.reshape(logits, (-1,))
-    y = labels if isinstance(labels, Tensor) else Tensor._wrap(np.asarray(labels, z.dtype))
+    y = labels if isinstance(labels, Tensor) else Tensor(np.asarray(labels, z.dtype))
     return ops.mean(ops.relu(z) - z * y + ops.log(1.0 + ops.exp(-ops.abs(z))))
 
 
@@ -77,7 +77,7 @@ class DLRM(nn.Module):
         if len(ids) != self.num_tables:
             raise ArgumentError(f"DLRM: got ids for {len(ids)} tables, the model has "
                                 f"{self.num_tables}")
-        x = self.bottom(dense if isinstance(dense, Tensor) else Tensor._wrap(
+        x = self.bottom(dense if isinstance(dense, Tensor) else Tensor(
             np.asarray(dense, np.float32)))
         embs = [table(t) for table, t in zip(self.tables, ids)]
         z = ops.concatenate([x, dot_interaction([x, *embs])], axis=1)
@@ -148,7 +148,7 @@ class TwoTower(nn.Module):
         column of the logits (the "logQ correction" of Yi et al., 2019)."""
         logits = self.users(users) @ ops.transpose(self.items(items)) / self.temperature
         if log_q is not None:
-            logits = logits - Tensor._wrap(np.asarray(log_q, logits.dtype)[np.asarray(items)])
+            logits = logits - Tensor(np.asarray(log_q, logits.dtype)[np.asarray(items)])
         return ops.cross_entropy(logits, np.arange(len(users)))
 
     def retrieve(self, users, k, exclude=None, prior=None):
