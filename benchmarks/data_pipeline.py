@@ -29,15 +29,15 @@ import numpy as np
 
 from mlsys_lab import timing
 from mlsys_lab.data import pipeline_sim as sim
-from mlsys_lab.data.autotune import (
+from mlsys_lab.data.datasets import synthetic_images
+from mlsys_lab.data.pipeline.autotune import (
     brute_force,
     choose_degrees,
     predicted_throughput,
     refine_degrees,
 )
-from mlsys_lab.data.datasets import synthetic_images
-from mlsys_lab.data.pipeline import Pipeline, autotune, measure_costs, with_degrees
-from mlsys_lab.data.pipeline_passes import fuse_maps, vectorize_maps
+from mlsys_lab.data.pipeline.passes import fuse_maps, vectorize_maps
+from mlsys_lab.data.pipeline.pipeline import Pipeline, autotune, measure_costs, with_degrees
 from mlsys_lab.data.transforms import (
     Decode,
     HWCToCHW,

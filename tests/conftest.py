@@ -69,7 +69,7 @@ def own_segments(monkeypatch):
     """``leftover()``: the shared-memory segments still linked that loaders started in this
     test made. Other xdist workers run loaders at the same time, so a leak check that listed
     every ``mlsys_dl_`` segment would count theirs too."""
-    from mlsys_lab.data import _shm
+    from mlsys_lab.data.loader import shm as _shm
 
     prefixes = []
     make = _shm.new_prefix

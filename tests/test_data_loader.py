@@ -27,9 +27,9 @@ from mlsys_lab.data import (
     DistributedSampler,
     IterableDataset,
     TensorDataset,
-    _shm,
     get_worker_info,
 )
+from mlsys_lab.data.loader import shm
 
 FEW = settings(max_examples=25, deadline=None)
 
@@ -311,7 +311,7 @@ def test_segments_are_recycled_but_held_batches_never_overwritten():
     held, names_seen, prefix = [], set(), None
     for k, batch in enumerate(loader):
         prefix = loader._pool.prefix
-        names_seen.update(_shm.leftover_segments(prefix))
+        names_seen.update(shm.leftover_segments(prefix))
         if k % 3 == 0:
             held.append(batch)  # kept: its segment must not be reused
     for batch in held:  # every held batch still has its own data
@@ -320,9 +320,9 @@ def test_segments_are_recycled_but_held_batches_never_overwritten():
     del held, batch
     again = [b["x"][:, 0].tolist() for b in loader]  # a second epoch on recycled segments
     assert again == [[2.0 * k, 2.0 * k + 1] for k in range(60)]
-    assert _shm.leftover_segments(prefix)  # recycled segments stay linked while in use
+    assert shm.leftover_segments(prefix)  # recycled segments stay linked while in use
     loader.close()
-    assert _shm.leftover_segments(prefix) == []
+    assert shm.leftover_segments(prefix) == []
 
 
 def test_tensor_dataset_trains_through_the_loader():

@@ -20,8 +20,8 @@ from mlsys_lab.data import (
     RandomSampler,
     WorkerCrashedError,
     WorkerError,
-    _shm,
 )
+from mlsys_lab.data.loader import shm
 from mlsys_lab.errors import ArgumentError, ShapeError
 
 BOUND_S = 5.0  # every failure must surface within this many seconds
@@ -193,7 +193,7 @@ def test_iterable_dataset_exception(clean):
 def test_full_shared_memory_falls_back_to_pickling(clean, monkeypatch):
     def full(name, size):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(_shm, "_create", full)  # the forked workers inherit it
+    monkeypatch.setattr(shm, "_create", full)  # the forked workers inherit it
     got = [b["x"][:, 0].tolist() for b in DataLoader(Big(8), batch_size=4, num_workers=2)]
     assert got == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
 

@@ -15,14 +15,15 @@ from hypothesis import strategies as st
 
 from mlsys_lab.data import pipeline_sim as sim
 from mlsys_lab.data import transforms as T
-from mlsys_lab.data.autotune import (
+from mlsys_lab.data.pipeline.autotune import (
     AUTOTUNE,
     brute_force,
     choose_degrees,
     predicted_throughput,
     refine_degrees,
 )
-from mlsys_lab.data.pipeline import (
+from mlsys_lab.data.pipeline.passes import fuse_maps, optimize, push_filters, vectorize_maps
+from mlsys_lab.data.pipeline.pipeline import (
     Pipeline,
     PipelineError,
     PipelineTimeout,
@@ -30,7 +31,6 @@ from mlsys_lab.data.pipeline import (
     collate,
     measure_costs,
 )
-from mlsys_lab.data.pipeline_passes import fuse_maps, optimize, push_filters, vectorize_maps
 from mlsys_lab.errors import ArgumentError
 
 
@@ -438,7 +438,7 @@ def test_autotune_a_real_pipeline():
 
 
 def test_measured_costs_are_per_source_item(monkeypatch):
-    from mlsys_lab.data import pipeline_runtime
+    from mlsys_lab.data.pipeline import runtime as pipeline_runtime
 
     clock = [0.0]
     monkeypatch.setattr(pipeline_runtime, "clock", lambda: clock[0])

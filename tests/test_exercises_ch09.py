@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from mlsys_lab.data import DataLoader, DistributedSampler, pipeline_sim
-from mlsys_lab.data.autotune import predicted_throughput
 from mlsys_lab.data.pipeline import Pipeline
+from mlsys_lab.data.pipeline.autotune import predicted_throughput
 from mlsys_lab.data.records import read_shard
 from mlsys_lab.grading import ch09, guard
 from mlsys_lab.grading.checks import exercises_for_chapter, legacy_cases, run_cases

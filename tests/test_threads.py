@@ -127,7 +127,7 @@ def test_cap_process_threads_caps_every_pool_and_the_variables_for_later_librari
 
 
 def test_the_data_loader_workers_use_the_one_process_cap():
-    from mlsys_lab.data import _worker
+    from mlsys_lab.data.loader import worker as _worker
 
     assert _worker.cap_process_threads is threads.cap_process_threads
     assert not hasattr(_worker, "limit_threads")  # the second meaning of the name is gone

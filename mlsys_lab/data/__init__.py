@@ -1,5 +1,11 @@
-"""mlsys_lab.data: datasets, samplers and a multi-process DataLoader with PyTorch's semantics
-(book chapter 9).
+"""mlsys_lab.data: the data processing of book chapter 9, in its two designs.
+
+``loader/`` is PyTorch's: datasets, samplers and a multi-process ``DataLoader``.
+``pipeline/`` is tf.data's / MindSpore's: a ``Pipeline`` of operators with per-operator
+parallelism, graph passes, an autotuner and a simulator. Shared by both: ``records`` (the
+indexed record file), ``transforms`` (decode, resize, normalise, augment), ``item_rng`` (per-item
+random generators) and ``datasets`` (real and synthetic data). ``README.md`` maps each concept
+to its module and book section.
 
     from mlsys_lab.data import DataLoader, TensorDataset
     loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, num_workers=2, seed=0)
@@ -7,33 +13,30 @@
         ...
 """
 
-# --- loader half (PyTorch semantics) ---
-from ._worker import (
-    DataLoaderError,
-    DataLoaderTimeoutError,
-    WorkerCrashedError,
-    WorkerError,
-    WorkerInfo,
-    get_worker_info,
-)
-from .collate import default_collate, default_convert
-from .dataset import (
+# --- loader half (PyTorch semantics): loader/ ---
+from .loader import (
+    BatchSampler,
     ChainDataset,
     ConcatDataset,
+    DataLoader,
+    DataLoaderError,
+    DataLoaderTimeoutError,
     Dataset,
-    IterableDataset,
-    Subset,
-    TensorDataset,
-    random_split,
-)
-from .loader import DataLoader
-from .sampler import (
-    BatchSampler,
     DistributedSampler,
+    IterableDataset,
     RandomSampler,
     Sampler,
     SequentialSampler,
+    Subset,
     SubsetRandomSampler,
+    TensorDataset,
+    WorkerCrashedError,
+    WorkerError,
+    WorkerInfo,
+    default_collate,
+    default_convert,
+    get_worker_info,
+    random_split,
 )
 
 __all__ = [
@@ -44,17 +47,18 @@ __all__ = [
     "get_worker_info", "random_split",
 ]
 
-# --- pipeline half (tf.data / MindSpore style): Pipeline, data-graph passes, record files ---
-from . import datasets, pipeline_sim, records, transforms  # noqa: E402
-from .autotune import AUTOTUNE, choose_degrees, refine_degrees  # noqa: E402
-from .pipeline import (  # noqa: E402
+# --- pipeline half (tf.data / MindSpore style): pipeline/; record files and transforms here ---
+from . import datasets, records, transforms  # noqa: E402
+from .pipeline import sim as pipeline_sim  # noqa: E402  (the name notebooks and exercises use)
+from .pipeline.autotune import AUTOTUNE, choose_degrees, refine_degrees  # noqa: E402
+from .pipeline.passes import fuse_maps, optimize, push_filters, vectorize_maps  # noqa: E402
+from .pipeline.pipeline import (  # noqa: E402
     Pipeline,
     PipelineError,
     PipelineTimeout,
     autotune,
     measure_costs,
 )
-from .pipeline_passes import fuse_maps, optimize, push_filters, vectorize_maps  # noqa: E402
 from .records import RecordError, RecordFile, RecordWriter, read_shard, write_sharded  # noqa: E402
 
 __all__ += [

@@ -303,7 +303,7 @@ class RecordWriter:
 
 def shard_paths(prefix, num_shards: int) -> list[str]:
     """The file names ``write_sharded`` uses: ``{prefix}-00000-of-00004.rec`` ..."""
-    _check_shards("shard_paths", num_shards, 0)
+    check_shards("shard_paths", num_shards, 0)
     return [f"{os.fspath(prefix)}-{k:05d}-of-{num_shards:05d}.rec" for k in range(num_shards)]
 
 
@@ -496,14 +496,16 @@ class RecordFile:
         return f"RecordFile({self.path!r}, records={len(self._offsets)})"
 
 
-def _check_shards(fn: str, num_shards, shard_id) -> None:
+def check_shards(fn: str, num_shards, shard_id) -> None:
+    """Raise ``ArgumentError`` (naming ``fn``) unless ``0 <= shard_id < num_shards``."""
     if not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
         raise ArgumentError(f"{fn}: num_shards must be a positive int, got {num_shards!r}")
     if not isinstance(shard_id, (int, np.integer)) or not 0 <= shard_id < num_shards:
         raise ArgumentError(f"{fn}: shard_id must be in 0..{num_shards - 1}, got {shard_id!r}")
 
 
-def _as_paths(paths) -> list[str]:
+def as_paths(paths) -> list[str]:
+    """One path or a sequence of paths as a non-empty list of ``str``."""
     if isinstance(paths, (str, os.PathLike)):
         return [os.fspath(paths)]
     paths = [os.fspath(p) for p in paths]
@@ -519,9 +521,9 @@ def read_shard(paths: str | Sequence, num_shards: int = 1, shard_id: int = 0) ->
     every record whose global number ``g`` has ``g % num_shards == shard_id``, so the shards
     are disjoint, cover every record, and differ in size by at most one.
     """
-    _check_shards("read_shard", num_shards, shard_id)
+    check_shards("read_shard", num_shards, shard_id)
     base = 0
-    for path in _as_paths(paths):
+    for path in as_paths(paths):
         with RecordFile(path) as rf:
             first = (shard_id - base) % num_shards
             for i in range(first, len(rf), num_shards):

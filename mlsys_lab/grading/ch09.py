@@ -915,14 +915,14 @@ register(
         target="parallel_map",
         task="the order-preserving parallel map",
         forbidden=(
-            "mlsys_lab.data.pipeline:Pipeline",
-            "mlsys_lab.data.pipeline_ops:MapNode",
-            "mlsys_lab.data.pipeline_pools:_Pool",
-            "mlsys_lab.data.pipeline_pools:_ThreadPool",
-            "mlsys_lab.data.pipeline_pools:_ProcessPool",
-            "mlsys_lab.data.pipeline_ops:_inline_map",
-            "mlsys_lab.data.pipeline_ops:_prefetch",
-            "mlsys_lab.data.loader:DataLoader",
+            "mlsys_lab.data.pipeline.pipeline:Pipeline",
+            "mlsys_lab.data.pipeline.ops:MapNode",
+            "mlsys_lab.data.pipeline.pools:Pool",
+            "mlsys_lab.data.pipeline.pools:ThreadPool",
+            "mlsys_lab.data.pipeline.pools:ProcessPool",
+            "mlsys_lab.data.pipeline.ops:inline_map",
+            "mlsys_lab.data.pipeline.ops:prefetch",
+            "mlsys_lab.data.loader.dataloader:DataLoader",
         ),
         cases=(
             Case("results in input order although one producer is slow", 2,
@@ -960,8 +960,8 @@ register(
         target="ShardSampler",
         task="the shard-aware sampler",
         forbidden=(
-            "mlsys_lab.data.sampler:DistributedSampler",
-            "mlsys_lab.data.pipeline_ops:ShardNode",
+            "mlsys_lab.data.loader.sampler:DistributedSampler",
+            "mlsys_lab.data.pipeline.ops:ShardNode",
             "mlsys_lab.data.records:read_shard",
         ),
         cases=(
@@ -997,9 +997,9 @@ register(
         target="find_bottleneck",
         task="the bottleneck finder",
         forbidden=(
-            "mlsys_lab.data.pipeline_sim",
-            "mlsys_lab.data.autotune",
-            "mlsys_lab.data.pipeline_report:Report",
+            "mlsys_lab.data.pipeline.sim",
+            "mlsys_lab.data.pipeline.autotune",
+            "mlsys_lab.data.pipeline.report:Report",
         ),
         cases=(
             Case("worked examples: one and two stages, F and G", 1,

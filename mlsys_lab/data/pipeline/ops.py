@@ -3,7 +3,7 @@ repeat, shard, take), each iterating its input as a generator, and what maps app
 per-field application, collation.
 
 A map with ``num_parallel=None`` runs inline in the thread that pulls from it; with
-``num_parallel=k`` its items go to a pool of ``k`` workers (``pipeline_pools``).
+``num_parallel=k`` its items go to a pool of ``k`` workers (``pools``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ArgumentError, MLSysError
+from ...errors import ArgumentError, MLSysError
+from ..item_rng import ItemRngs, item_rng
 from .autotune import AUTOTUNE
-from .item_rng import ItemRngs, item_rng
-from .pipeline_pools import make_pool
-from .pipeline_runtime import (
+from .pools import make_pool
+from .runtime import (
     END,
     HASTY_JOIN_SECONDS,
     JOIN_SECONDS,
@@ -61,7 +61,7 @@ def _batch_len(batch) -> int:
     return len(batch)
 
 
-class _OnField:
+class OnField:
     """Apply ``fn`` to one field of a dict/tuple item (or of a collated batch)."""
 
     def __init__(self, fn: Callable, field):
@@ -144,7 +144,7 @@ class Node:
         raise NotImplementedError
 
 
-class _Once:
+class Once:
     """Lets a one-shot iterator be opened once, with a clear error the second time."""
 
     def __init__(self, iterator):
@@ -221,11 +221,12 @@ class MapNode(Node):
             raise ArgumentError(f"map {self.name!r}: AUTOTUNE was not resolved")
         upstream = self.input.iterate(ctx, epoch)
         if self.num_parallel is None:
-            return _inline_map(self, ctx, epoch, upstream)
+            return inline_map(self, ctx, epoch, upstream)
         return make_pool(self, ctx, epoch, upstream).results()
 
 
-def _inline_map(node: MapNode, ctx, epoch, upstream):
+def inline_map(node: MapNode, ctx, epoch, upstream):
+    """A map with ``num_parallel=None``: ``node.apply`` on each item in the pulling thread."""
     try:
         for n in itertools.count():
             start = now()
@@ -341,10 +342,12 @@ class PrefetchNode(Node):
         return f"{self.name}({self.size})"
 
     def iterate(self, ctx, epoch):
-        return _prefetch(self, ctx, self.input.iterate(ctx, epoch))
+        return prefetch(self, ctx, self.input.iterate(ctx, epoch))
 
 
-def _prefetch(node, ctx, upstream):
+def prefetch(node, ctx, upstream):
+    """``node.size`` items read ahead of the consumer by one background thread (a bounded
+    queue); an upstream error is raised in the consumer, and closing stops the thread."""
     buffer = queue.Queue(maxsize=node.size)
     stop = threading.Event()
 
@@ -380,7 +383,9 @@ def _prefetch(node, ctx, upstream):
             upstream.close()
 
 
-class _CacheStore:
+class CacheStore:
+    """Where a ``CacheNode`` keeps the items of its first complete pass (shared by copies)."""
+
     def __init__(self):
         self.items = None
         self.lock = threading.Lock()
@@ -390,7 +395,7 @@ class _CacheStore:
 class CacheNode(Node):
     """Keep the items of the first complete pass in memory and replay them afterwards."""
 
-    store: _CacheStore = None
+    store: CacheStore = None
     kind = "cache"
 
     def iterate(self, ctx, epoch):

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ArgumentError
-from .pipeline_report import Event
+from ...errors import ArgumentError
+from .report import Event
 
 __all__ = ["SimStage", "SimResult", "SimStageStats", "simulate", "analytic_throughput",
            "preprocess_rate", "book_stages", "BOOK_DEGREES"]
@@ -288,7 +288,7 @@ class _Simulation:
             running = [(st, w) for st in self.states for w in range(st.stage.degree)
                        if st.item[w] >= 0 and not st.is_blocked[w]]
             if not running:
-                raise RuntimeError("pipeline_sim: no worker can make progress (deadlock)")
+                raise RuntimeError("pipeline.sim: no worker can make progress (deadlock)")
             cpu_busy = sum(1 for st, _ in running if st.stage.cpu)
             cpu_speed = 1.0 if self.cores is None or cpu_busy <= self.cores \
                 else self.cores / cpu_busy

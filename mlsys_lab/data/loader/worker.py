@@ -11,11 +11,11 @@ Messages from the main process (through the worker's task pipe):
   first discards ``skip`` batches (those a resumed loader already delivered).
 - ``("fetch", epoch, position, indices)``: load one batch (``indices`` is None for an iterable
   dataset, a single index without automatic batching).
-- ``("free", name)``: a shared-memory segment the main process no longer uses (see ``_shm``).
+- ``("free", name)``: a shared-memory segment the main process no longer uses (see ``shm``).
 - ``None``: exit.
 
 Messages back (through the worker's result pipe): ``("data", epoch, position, skeleton, refs,
-dropped)`` (see ``_shm``), ``("error", epoch, position, info)``, ``("end", epoch, position)``
+dropped)`` (see ``shm``), ``("error", epoch, position, info)``, ``("end", epoch, position)``
 when an iterable dataset is exhausted, and ``("fatal", info)`` when the worker could not start
 (it then exits).
 """
@@ -37,9 +37,9 @@ from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 
-from ..engine.threads import cap_process_threads
-from ..errors import MLSysError
-from . import _shm, collate
+from ...engine.threads import cap_process_threads
+from ...errors import MLSysError
+from . import collate, shm
 
 _PARENT_CHECK_S = 1.0  # how often an idle worker checks that the main process still exists
 _SHUTDOWN_GRACE_S = 0.5  # how long workers get to exit by themselves before SIGTERM
@@ -205,7 +205,7 @@ class _Server:
         self.conn = conn
         self.fetcher = Fetcher(dataset, collate_fn, config.iterable, config.auto_collation,
                                config.batch_size, config.drop_last)
-        self.packer = _shm.Packer(f"{config.shm_prefix}{config.worker_id}_")
+        self.packer = shm.Packer(f"{config.shm_prefix}{config.worker_id}_")
         collate.set_output_allocator(self.packer.allocate)
 
     def handle(self, message):
@@ -409,7 +409,7 @@ class WorkerPool:
         self.prefix = configs[0].shm_prefix
         self.workers = []
         self.epoch = 0
-        self.receiver = _shm.Receiver()
+        self.receiver = shm.Receiver()
         self.start_method = context.get_start_method()
         if self.start_method != "fork":
             payload = _pickle_payload(payload, self.start_method)
@@ -542,7 +542,7 @@ def _shutdown(workers, prefix, owner_pid, grace=_SHUTDOWN_GRACE_S):
     for w in workers:
         w.tasks.close()
         w.results.close()
-    _shm.unlink_prefix(prefix)
+    shm.unlink_prefix(prefix)
 
 
 def _crash_message(w, doing, start_method):

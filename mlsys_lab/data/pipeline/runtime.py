@@ -9,7 +9,7 @@ import queue
 import threading
 import time
 
-from ..errors import MLSysError, PipelineError
+from ...errors import MLSysError, PipelineError
 
 __all__ = ["PipelineError", "PipelineTimeout", "now"]
 

@@ -31,7 +31,7 @@ import weakref
 
 import numpy as np
 
-from ..engine.tensor import Tensor
+from ...engine.tensor import Tensor
 
 try:
     import _posixshmem

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from ..errors import ArgumentError
+from ...errors import ArgumentError
 
 _MAX_SEED = 2**63 - 1
 _CHUNK = 4096  # indices converted to Python ints at a time

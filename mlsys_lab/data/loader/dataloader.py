@@ -4,13 +4,13 @@ With ``num_workers=0`` batches are loaded in the calling process. Otherwise each
 process with its own copy of the dataset; the main process sends it batches of indices through
 a pipe, at most ``prefetch_factor`` per worker in flight, and the worker sends each batch back
 -- its large arrays through shared memory (recycled once the program drops the batch, see
-``_shm``), small ones pickled. Batches are delivered in the sampler's order (``in_order=True``)
+``shm``), small ones pickled. Batches are delivered in the sampler's order (``in_order=True``)
 or as they arrive. ``state_dict()`` / ``load_state_dict()`` resume an epoch where it stopped.
 
 Nothing is left behind: an epoch that ends, a ``break``, an exception or a garbage-collected
 iterator shuts the workers down and unlinks every shared-memory segment they made. A worker
 that dies is noticed at once (the main process waits on the workers' process sentinels, not
-only on their pipes), and every wait is bounded. The worker side lives in ``_worker``.
+only on their pipes), and every wait is bounded. The worker side lives in ``worker``.
 """
 
 import collections
@@ -21,9 +21,19 @@ import traceback
 
 import numpy as np
 
-from ..errors import ArgumentError
-from . import _shm
-from ._worker import (
+from ...errors import ArgumentError
+from . import shm
+from .collate import default_collate, default_convert
+from .dataset import IterableDataset
+from .sampler import (
+    BatchSampler,
+    RandomSampler,
+    SequentialSampler,
+    check_seed,
+    derive_seed,
+    fresh_seed,
+)
+from .worker import (
     END,
     DataLoaderError,
     DataLoaderTimeoutError,
@@ -34,16 +44,6 @@ from ._worker import (
     WorkerPool,
     short,
     worker_error,
-)
-from .collate import default_collate, default_convert
-from .dataset import IterableDataset
-from .sampler import (
-    BatchSampler,
-    RandomSampler,
-    SequentialSampler,
-    check_seed,
-    derive_seed,
-    fresh_seed,
 )
 
 _LIVENESS_CHECK_S = 5.0  # upper bound on one wait; process sentinels wake us sooner
@@ -173,7 +173,7 @@ class DataLoader:
         self._pools_started += 1
         base_seed = fresh_seed() if self.seed is None else \
             derive_seed(self.seed, 1, self._pools_started)
-        prefix = _shm.new_prefix()
+        prefix = shm.new_prefix()
         configs = [WorkerConfig(worker_id=i, num_workers=self.num_workers, seed=base_seed + i,
                                 shm_prefix=prefix, threads=self.worker_threads,
                                 iterable=self._iterable, auto_collation=self._auto_collation,

@@ -26,7 +26,7 @@ import itertools
 import math
 from collections.abc import Mapping
 
-from ..errors import ArgumentError
+from ...errors import ArgumentError
 
 __all__ = ["AUTOTUNE", "choose_degrees", "brute_force", "predicted_throughput", "refine_degrees"]
 

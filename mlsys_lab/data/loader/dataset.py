@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..errors import ArgumentError, ShapeError
+from ...errors import ArgumentError, ShapeError
 
 
 class Dataset:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ArgumentError
-from .pipeline_runtime import now
+from ...errors import ArgumentError
+from .runtime import now
 
 __all__ = ["Event", "StageReport", "Report"]
 

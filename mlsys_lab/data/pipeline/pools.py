@@ -21,9 +21,9 @@ import signal
 import threading
 import traceback
 
-from ..errors import ArgumentError, PipelineError
-from ._worker import NUMBA_OPENMP_HINT, numba_openmp_in_use
-from .pipeline_runtime import (
+from ...errors import ArgumentError, PipelineError
+from ..loader.worker import NUMBA_OPENMP_HINT, numba_openmp_in_use
+from .runtime import (
     END,
     ERROR,
     HASTY_JOIN_SECONDS,
@@ -38,18 +38,18 @@ from .pipeline_runtime import (
     worker_get,
 )
 
-__all__ = ["make_pool"]
+__all__ = ["Pool", "ProcessPool", "ThreadPool", "make_pool"]
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 def make_pool(node, ctx, epoch, upstream):
     """The pool that runs map ``node`` (``node.executor``: "thread" or "process")."""
-    return (_ProcessPool if node.executor == "process" else _ThreadPool)(node, ctx, epoch,
+    return (ProcessPool if node.executor == "process" else ThreadPool)(node, ctx, epoch,
                                                                          upstream)
 
 
-class _Pool:
+class Pool:
     """Dispatcher, worker loop, ordered reading and shutdown, shared by both executors.
 
     Subclasses say how to make a queue and a worker (``make_queue``, ``spawn``), how a worker
@@ -153,7 +153,7 @@ class _Pool:
             self.upstream.close()
 
 
-class _ThreadPool(_Pool):
+class ThreadPool(Pool):
     """Worker threads: items cross as they are; timings are recorded where they are taken."""
 
     make_queue = staticmethod(lambda depth: queue.Queue(maxsize=depth))
@@ -203,7 +203,7 @@ class _ThreadPool(_Pool):
             thread.join(max(0.0, deadline - now()))
 
 
-class _ProcessPool(_Pool):
+class ProcessPool(Pool):
     """Forked worker processes (fork: functions defined in a notebook need no pickling).
 
     Items and results cross pickled (results are pickled in the worker, not in the queue's

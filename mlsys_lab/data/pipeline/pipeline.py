@@ -9,7 +9,7 @@
     report = pipe.profile(200)          # items/s, busy and waiting per operator, a timeline
 
 Every method returns a new ``Pipeline``; nodes are never changed, so passes
-(``pipeline_passes``) can rewrite a graph and leave the original intact.
+(``passes``) can rewrite a graph and leave the original intact.
 
 Execution. Iterating opens the chain from the source to the sink as generators. A map with
 ``num_parallel=None`` (the default) runs inline in the thread that pulls from it; with
@@ -27,9 +27,9 @@ the item in that operator's input, with the original exception as ``__cause__``.
 Randomness. ``map(fn, seed=s)`` calls ``fn(item, rng)`` with ``rng`` derived from ``(s, epoch,
 item index)`` (``item_rng``): the same for every thread count, ordering and vectorisation.
 
-Where things live: the operator nodes in ``pipeline_ops``, the parallel map's workers in
-``pipeline_pools``, the per-stage report in ``pipeline_report``, the clock, context and
-``PipelineTimeout`` in ``pipeline_runtime`` (``PipelineError`` is in ``mlsys_lab.errors``);
+Where things live (all in this folder, ``mlsys_lab/data/pipeline/``): the operator nodes in
+``ops``, the parallel map's workers in ``pools``, the per-stage report in ``report``, the clock,
+context and ``PipelineTimeout`` in ``runtime`` (``PipelineError`` is in ``mlsys_lab.errors``);
 this module holds ``Pipeline`` itself and the tuning entry points.
 """
 
@@ -41,28 +41,28 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ArgumentError, PipelineError
+from ...errors import ArgumentError, PipelineError
 from .autotune import AUTOTUNE, choose_degrees, refine_degrees
-from .pipeline_ops import (
+from .ops import (
     BatchNode,
     CacheNode,
+    CacheStore,
     FilterNode,
     MapNode,
     MapStep,
     Node,
+    Once,
+    OnField,
     PrefetchNode,
     RepeatNode,
     ShardNode,
     ShuffleNode,
     SourceNode,
     TakeNode,
-    _CacheStore,
-    _Once,
-    _OnField,
     collate,
 )
-from .pipeline_report import Event, Recorder, Report, StageReport, make_report
-from .pipeline_runtime import CPU_COUNT, Context, PipelineTimeout, now
+from .report import Event, Recorder, Report, StageReport, make_report
+from .runtime import CPU_COUNT, Context, PipelineTimeout, now
 
 __all__ = ["Pipeline", "PipelineError", "PipelineTimeout", "AUTOTUNE", "Report",
            "StageReport", "Event", "collate", "with_degrees", "measure_costs", "autotune",
@@ -121,17 +121,17 @@ class Pipeline:
             raise ArgumentError(f"Pipeline.from_iterable: {type(iterable).__name__} is not "
                                 "iterable")
         if iter(iterable) is iterable:
-            return cls(SourceNode(None, name, open=_Once(iterable)))
+            return cls(SourceNode(None, name, open=Once(iterable)))
         return cls(SourceNode(None, name, open=lambda: iterable))
 
     @classmethod
     def from_records(cls, paths, num_shards: int = 1, shard_id: int = 0,
                      name: str = "records") -> Pipeline:
         """Records of one or more record files; this shard's share (see ``records.read_shard``)."""
-        from .records import _as_paths, _check_shards, read_shard
+        from ..records import as_paths, check_shards, read_shard
 
-        _check_shards("Pipeline.from_records", num_shards, shard_id)
-        paths = _as_paths(paths)
+        check_shards("Pipeline.from_records", num_shards, shard_id)
+        paths = as_paths(paths)
         return cls(SourceNode(None, name, open=lambda: read_shard(paths, num_shards, shard_id)))
 
     # -- operators ------------------------------------------------------------------------------
@@ -178,8 +178,8 @@ class Pipeline:
         batched = batched_fn if batched_fn is not None else getattr(fn, "batched", None)
         changes = None
         if field is not None:
-            fn = _OnField(fn, field)
-            batched = _OnField(batched, field) if batched is not None else None
+            fn = OnField(fn, field)
+            batched = OnField(batched, field) if batched is not None else None
             changes = frozenset([field])
         step = MapStep(fn, batched, seed, changes, _fields(preserves),
                        _callable_name(fn))
@@ -218,7 +218,7 @@ class Pipeline:
 
     def cache(self) -> Pipeline:
         """Replay the first complete pass from memory on later passes."""
-        return self._then(lambda n: CacheNode(self._node, n, store=_CacheStore()), "cache")
+        return self._then(lambda n: CacheNode(self._node, n, store=CacheStore()), "cache")
 
     def repeat(self, count: int | None = None) -> Pipeline:
         """Repeat the upstream ``count`` times (None: forever)."""
@@ -266,7 +266,7 @@ class Pipeline:
             taken.add(name)
             changes = {"input": previous, "name": name}
             if isinstance(node, CacheNode) and previous is not node.input:
-                changes["store"] = _CacheStore()
+                changes["store"] = CacheStore()
             same = previous is node.input and name == node.name
             node = node if same else dataclasses.replace(node, **changes)
             relinked.append(node)

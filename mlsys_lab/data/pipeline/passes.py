@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .ops import BatchNode, FilterNode, MapNode
 from .pipeline import Pipeline
-from .pipeline_ops import BatchNode, FilterNode, MapNode
 
 __all__ = ["fuse_maps", "vectorize_maps", "push_filters", "optimize", "DEFAULT_PASSES"]
 

@@ -12,8 +12,8 @@ import numbers
 
 import numpy as np
 
-from ..engine.tensor import Tensor
-from ..errors import DTypeError, ShapeError
+from ...engine.tensor import Tensor
+from ...errors import DTypeError, ShapeError
 
 # Inside a DataLoader worker: (shape, dtype) -> an output array in shared memory, or None.
 _output_allocator = None
