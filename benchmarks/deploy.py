@@ -32,7 +32,7 @@ from threadpoolctl import threadpool_limits
 import mlsys_lab as ml
 from mlsys_lab import nn
 from mlsys_lab.data.datasets import load_digits
-from mlsys_lab.deploy import distill as D
+from mlsys_lab.deploy.compress import distill as D
 
 TARGET_ENV = {"native": {}, "haswell": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "",
                                         "OPENBLAS_CORETYPE": "Haswell"}}

@@ -40,12 +40,12 @@ from threadpoolctl import threadpool_limits
 
 import mlsys_lab as ml
 from mlsys_lab import nn, timing
-from mlsys_lab.deploy import distill as D
-from mlsys_lab.deploy import int8_kernels as K
 from mlsys_lab.deploy import obfuscate as O
 from mlsys_lab.deploy import passes as P
-from mlsys_lab.deploy import prune as PR
-from mlsys_lab.deploy import quantize as Q
+from mlsys_lab.deploy import quant as Q
+from mlsys_lab.deploy.compress import distill as D
+from mlsys_lab.deploy.compress import prune as PR
+from mlsys_lab.deploy.quant import int8_kernels as K
 from mlsys_lab.kernels import roofline
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -29,7 +29,7 @@ import numpy as np
 
 import mlsys_lab as ml
 from mlsys_lab import ops
-from mlsys_lab.deploy import quantize as _quant  # registers the quantisation ops specified below
+from mlsys_lab.deploy import quant as _quant  # registers the quantisation ops specified below
 from mlsys_lab.engine.registry import REGISTRY, get
 from mlsys_lab.engine.tensor import apply
 

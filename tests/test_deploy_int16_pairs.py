@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import mlsys_lab as ml
-from mlsys_lab.deploy import int16_pairs
-from mlsys_lab.deploy.int16_pairs import pair_sums_matmul
+from mlsys_lab.deploy.quant import int16_pairs
+from mlsys_lab.deploy.quant.int16_pairs import pair_sums_matmul
 
 
 def _loop(a, w):
@@ -75,9 +75,9 @@ def test_vnni_is_read_from_the_host(monkeypatch, machine, features, want):
 
 def test_run_int16_pairs_changes_only_the_saturating_layers():
     from mlsys_lab import nn
-    from mlsys_lab.deploy import int8_kernels as K
     from mlsys_lab.deploy import passes as P
-    from mlsys_lab.deploy import quantize as Q
+    from mlsys_lab.deploy import quant as Q
+    from mlsys_lab.deploy.quant import int8_kernels as K
 
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 1, (8, 64)).astype(np.float32)

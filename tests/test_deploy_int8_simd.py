@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from llvmlite import binding as llvm
 
-from mlsys_lab.deploy import int8_kernels as K
-from mlsys_lab.deploy import int8_simd
+from mlsys_lab.deploy.quant import int8_kernels as K
+from mlsys_lab.deploy.quant import int8_simd
 
 SHAPES = [(3, 0, 2), (2, 5, 3), (4, 31, 5), (3, 32, 4), (5, 77, 3), (7, 200, 9)]
 DTYPES = [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8), (np.int8, np.uint8)]
@@ -47,9 +47,9 @@ def test_the_pmaddwd_path_is_exact_on_an_avx2_target():
     # Compiled afresh (not loaded from the kernel cache): cached code cannot be disassembled.
     env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="",
                MLSYS_LAB_NUMBA_CACHE="0")
-    code = ("from mlsys_lab.deploy import int8_simd; assert int8_simd.USE_PMADDWD; "
+    code = ("from mlsys_lab.deploy.quant import int8_simd; assert int8_simd.USE_PMADDWD; "
             "from tests.test_deploy_int8_simd import check_exact; "
-            "from mlsys_lab.deploy import int8_kernels as K; import re; check_exact(1); "
+            "from mlsys_lab.deploy.quant import int8_kernels as K; import re; check_exact(1); "
             "asm = ''.join(K._int8_dot.inspect_asm().values()); "
             "assert re.search(r'vpmaddwd[^\\n]*ymm', asm), 'no 256-bit vpmaddwd'; print('ok')")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

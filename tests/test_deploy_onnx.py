@@ -34,7 +34,7 @@ from mlsys_lab.deploy import (  # noqa: E402
     save_graph,
     support_table,
 )
-from mlsys_lab.deploy.onnx_ops import exportable_ops  # noqa: E402
+from mlsys_lab.deploy.onnx import exportable_ops  # noqa: E402
 from mlsys_lab.engine.graph import Graph, Node, Value  # noqa: E402
 from mlsys_lab.engine.interpreter import Interpreter  # noqa: E402
 from mlsys_lab.engine.random_graphs import random_graph  # noqa: E402
@@ -937,8 +937,8 @@ def test_unstorable_attributes_are_named(tmp_path):
 # --- the mapping lives on the op record -----------------------------------------------------------
 def test_a_custom_op_gets_its_mapping_through_register_onnx():
     from mlsys_lab.deploy import register_onnx
-    from mlsys_lab.deploy.onnx_import import importers
-    from mlsys_lab.deploy.onnx_ops import OnnxImport
+    from mlsys_lab.deploy.onnx import OnnxImport
+    from mlsys_lab.deploy.onnx.importer import importers
     from mlsys_lab.engine.registry import REGISTRY, AVal
 
     def softsign_np(x):

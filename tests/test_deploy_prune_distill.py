@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 import mlsys_lab as ml
 from mlsys_lab import nn
-from mlsys_lab.deploy import distill as D
 from mlsys_lab.deploy import obfuscate as O
-from mlsys_lab.deploy import prune as PR
+from mlsys_lab.deploy.compress import distill as D
+from mlsys_lab.deploy.compress import prune as PR
 from mlsys_lab.errors import ArgumentError, DTypeError, ShapeError
 from mlsys_lab.nn.module import Parameter
 

@@ -4,7 +4,7 @@ within one quantisation step of the output.
 
 onnxruntime's *optimised* session fuses the QDQ pattern into its integer kernels, and on an x86
 CPU without VNNI those sum u8 x s8 products in saturating int16 pairs (``vpmaddubsw``): there its
-answer is not the exact one but the one :mod:`mlsys_lab.deploy.int16_pairs` predicts. So the
+answer is not the exact one but the one :mod:`mlsys_lab.deploy.quant.int16_pairs` predicts. So the
 optimised session is compared exactly where the CPU has VNNI, with 7-bit weights, or with
 onnxruntime's u8 x u8 kernels (``session.x64quantprecision``), and with the prediction elsewhere;
 the unoptimised session is exact everywhere.
@@ -18,10 +18,10 @@ import pytest
 import mlsys_lab as ml
 from mlsys_lab import nn
 from mlsys_lab.deploy import export_onnx
-from mlsys_lab.deploy import int8_kernels as K
 from mlsys_lab.deploy import passes as P
-from mlsys_lab.deploy import quantize as Q
-from mlsys_lab.deploy.int16_pairs import host_has_vnni, run_int16_pairs
+from mlsys_lab.deploy import quant as Q
+from mlsys_lab.deploy.quant import int8_kernels as K
+from mlsys_lab.deploy.quant.int16_pairs import host_has_vnni, run_int16_pairs
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

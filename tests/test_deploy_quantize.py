@@ -1,4 +1,4 @@
-"""Quantisation (mlsys_lab.deploy.quantize, int8_kernels): the arithmetic, the Q/DQ and
+"""Quantisation (mlsys_lab.deploy.quant, quant.int8_kernels): the arithmetic, the Q/DQ and
 fake_quant ops (straight-through gradient), observers and calibration, the int8 kernels against
 integer and float64 references within the derived error bound, PTQ on digits, bias correction,
 QAT."""
@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 import mlsys_lab as ml
 from mlsys_lab import nn
 from mlsys_lab.data.datasets import load_digits
-from mlsys_lab.deploy import int8_kernels as K
 from mlsys_lab.deploy import passes as P
-from mlsys_lab.deploy import quantize as Q
+from mlsys_lab.deploy import quant as Q
+from mlsys_lab.deploy.quant import int8_kernels as K
 from mlsys_lab.engine.registry import get
 from mlsys_lab.errors import ArgumentError, DTypeError, ShapeError
 

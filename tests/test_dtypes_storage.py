@@ -245,7 +245,7 @@ def test_quantize_and_dequantize_match_the_reference(qdt, block_size):
 
 
 def test_blocked_scale_of_the_wrong_shape_is_a_shape_error():
-    from mlsys_lab.deploy.quant_ops import quantize_linear
+    from mlsys_lab.deploy.quant.ops import quantize_linear
 
     x = ml.tensor(np.ones((4, 6), np.float32))
     s = ml.tensor(np.ones((4, 3), np.float32))

@@ -8,7 +8,7 @@ import pytest
 import mlsys_lab as ml
 from mlsys_lab.errors import UnknownNameError
 
-onnx_export = pytest.importorskip("mlsys_lab.deploy.onnx_export")
+onnx_export = pytest.importorskip("mlsys_lab.deploy.onnx.exporter")
 
 
 class Bags(ml.nn.Module):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from mlsys_lab import nn
-from mlsys_lab.deploy import prune as PR
-from mlsys_lab.deploy import quantize as Q
+from mlsys_lab.deploy import quant as Q
+from mlsys_lab.deploy.compress import prune as PR
 from mlsys_lab.grading.checks import exercises_for_chapter, legacy_cases, run_cases
 
 from .exercise_results import fails_only as _failed

@@ -35,7 +35,7 @@ from mlsys_lab.deploy import (  # noqa: E402
     support_table,
     supported_onnx_ops,
 )
-from mlsys_lab.deploy.onnx_import import CONSTANT_MAKERS  # noqa: E402
+from mlsys_lab.deploy.onnx.importer import CONSTANT_MAKERS  # noqa: E402
 from mlsys_lab.engine import dtypes  # noqa: E402
 from mlsys_lab.engine.interpreter import Interpreter  # noqa: E402
 from mlsys_lab.engine.registry import REGISTRY  # noqa: E402
@@ -256,11 +256,11 @@ def test_the_attempted_set_is_derived_from_the_registry(cases):
 
 def test_a_wrong_importer_fails_its_node_tests(cases, monkeypatch):
     """The harness can fail: an importer of Relu that emits abs is caught by test_relu."""
-    from mlsys_lab.deploy.onnx_mapping import OnnxImport, OnnxMapping, _im_op
+    from mlsys_lab.deploy.onnx.mapping import OnnxImport, OnnxMapping, import_as
     from mlsys_lab.engine.registry import get
 
     relu = get("relu")
-    wrong = OnnxMapping(relu.onnx.export, relu.onnx.writes, (OnnxImport("Relu", _im_op("abs")),))
+    wrong = OnnxMapping(relu.onnx.export, relu.onnx.writes, (OnnxImport("Relu", import_as("abs")),))
     monkeypatch.setattr(relu, "onnx", wrong)
     case = next(c for c in cases if c.name == "test_relu")
     assert "differs" in run_case(case)

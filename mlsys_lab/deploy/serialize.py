@@ -5,7 +5,7 @@ attributes, source line) and structure, and ``arrays/<k>.npy`` each constant (re
 ``allow_pickle=False``). Attributes are written as tagged JSON (tuples, slices, Ellipsis,
 dtypes, arrays and the subgraphs of ``cond`` keep their types), so any graph of registry ops
 round-trips, training graphs and fused ones included. Kernel annotations (``node.meta``) are
-not saved: operator selection writes them again. ONNX (:func:`~.onnx_export.export_onnx`) is
+not saved: operator selection writes them again. ONNX (:func:`~.onnx.export_onnx`) is
 the interchange format; this one is mlsys_lab's own, for every op.
 """
 

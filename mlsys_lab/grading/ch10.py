@@ -644,7 +644,7 @@ register(
         task="the BN-folding function",
         forbidden=(
             "mlsys_lab.deploy.passes",
-            "mlsys_lab.deploy.quant_ptq",
+            "mlsys_lab.deploy.quant.ptq",
             "mlsys_lab.engine.ops_nn:batch_norm",
         ),
         cases=(
@@ -677,12 +677,12 @@ register(
         target="ChannelQuantizer",
         task="the per-channel quantiser",
         forbidden=(
-            "mlsys_lab.deploy.quant_params",
-            "mlsys_lab.deploy.quant_observers",
-            "mlsys_lab.deploy.quant_ops",
-            "mlsys_lab.deploy.quant_ptq",
-            "mlsys_lab.deploy.quant_qat",
-            "mlsys_lab.deploy.int8_kernels",
+            "mlsys_lab.deploy.quant.params",
+            "mlsys_lab.deploy.quant.observers",
+            "mlsys_lab.deploy.quant.ops",
+            "mlsys_lab.deploy.quant.ptq",
+            "mlsys_lab.deploy.quant.qat",
+            "mlsys_lab.deploy.quant.int8_kernels",
             "mlsys_lab.deploy.passes",
         ),
         cases=(
@@ -716,7 +716,7 @@ register(
         target="prune_to_sparsity",
         task="the magnitude pruning function",
         forbidden=(
-            "mlsys_lab.deploy.prune",
+            "mlsys_lab.deploy.compress.prune",
             "mlsys_lab.deploy.passes",
         ),
         cases=(

@@ -1,7 +1,8 @@
 """The pieces every op's ONNX mapping is built from: the mapping records stored on the registry
 (``Op.onnx``: :class:`OnnxMapping`, :class:`OnnxImport`), :func:`register_onnx`, the support
-table, and the export / import helpers the op families share (:mod:`.onnx_ops_elementwise`,
-:mod:`.onnx_ops_shape`, :mod:`.onnx_ops_nn`; :mod:`.onnx_ops` loads them all).
+table, and the export / import helpers the op families share (:mod:`.ops_elementwise`,
+:mod:`.ops_shape`, :mod:`.ops_nn`, :mod:`.qdq`; importing :mod:`mlsys_lab.deploy.onnx` loads
+them all).
 
 Exporter: ``export(ctx, node)`` writes ONNX nodes ending in ``ctx.name(node.output)``.
 Importer: ``OnnxImport(op_type, convert, attrs)`` with ``convert(ctx, onnx_node, attrs) ->
@@ -14,8 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..engine import dtypes
-from ..engine.registry import REGISTRY, get
+from ...engine import dtypes
+from ...engine.registry import REGISTRY, get
 
 INT64_MAX = np.iinfo(np.int64).max
 INT64_MIN = np.iinfo(np.int64).min
@@ -80,7 +81,7 @@ def support_table():
 
 
 # --- shared export helpers ---------------------------------------------------------------------
-def _ins(ctx, node, dtype=None):
+def input_names(ctx, node, dtype=None):
     """ONNX names of the node's inputs, cast to ``dtype`` where one differs."""
     names = [ctx.name(v) for v in node.inputs]
     if dtype is None:
@@ -88,73 +89,73 @@ def _ins(ctx, node, dtype=None):
     return [ctx.cast(n, v.dtype, dtype) for n, v in zip(names, node.inputs)]
 
 
-def _common(node):
+def common_dtype(node):
     out = node.inputs[0].dtype
     for v in node.inputs[1:]:
         out = dtypes.promote(out, v.dtype)
     return out
 
 
-def _ex_binary(onnx_type, bool_type=None, compare=False):
+def export_binary(onnx_type, bool_type=None, compare=False):
     """Exporter of an elementwise binary op: inputs cast to one dtype, as ONNX requires."""
     def export(ctx, node):
-        dt = _common(node) if compare else node.output.dtype
+        dt = common_dtype(node) if compare else node.output.dtype
         kind = onnx_type
         if dt == dtypes.bool_:
             if bool_type is None:
                 ctx.fail(f"ONNX {onnx_type} takes no bool tensors")
             kind = bool_type
-        ctx.emit(kind, _ins(ctx, node, dt), ctx.name(node.output))
+        ctx.emit(kind, input_names(ctx, node, dt), ctx.name(node.output))
     return export
 
 
-def _ex_unary(onnx_type, signed=False):
+def export_unary(onnx_type, signed=False):
     def export(ctx, node):
         if signed and node.inputs[0].dtype.kind in "ub":
             ctx.fail(f"ONNX {onnx_type} takes no {node.inputs[0].dtype} tensors")
-        ctx.emit(onnx_type, _ins(ctx, node), ctx.name(node.output))
+        ctx.emit(onnx_type, input_names(ctx, node), ctx.name(node.output))
     return export
 
 
 # --- shared import helpers ---------------------------------------------------------------------
-def _im_op(op_name):
+def import_as(op_name):
     """Importer of an ONNX op that is exactly registry op ``op_name`` on the same inputs."""
     def convert(ctx, node, a):
         return [ctx.emit(op_name, *ctx.inputs(node))]
     return convert
 
 
-def _scalar(value, like):
+def scalar_like(value, like):
     """A 0-d array of ``value`` in the dtype of value ``like``."""
     return np.asarray(value, like.dtype)
 
 
-def _fold(ctx, op_name, values):
+def fold_binary(ctx, op_name, values):
     out = values[0]
     for v in values[1:]:
         out = ctx.emit(op_name, out, v)
     return out
 
 
-def _variadic(op_name):
+def import_variadic(op_name):
     def convert(ctx, node, a):
-        return [_fold(ctx, op_name, ctx.inputs(node))]
+        return [fold_binary(ctx, op_name, ctx.inputs(node))]
     return convert
 
 
-def _require_bool(ctx, node, values):
+def require_bool(ctx, node, values):
     for v in values:
         if v.dtype != dtypes.bool_:
             ctx.fail(node, f"expects bool inputs, got {v.dtype}")
 
 
-def _axis(ctx, node, axis, rank):
+def check_axis(ctx, node, axis, rank):
     if not -max(rank, 1) <= axis < max(rank, 1):
         ctx.fail(node, f"axis {axis} is out of range for rank {rank}")
     return axis % max(rank, 1)
 
 
-def _unsqueeze_shape(shape, axes):
+def unsqueeze_shape(shape, axes):
     out = list(shape)
     for ax in sorted(axes):
         out.insert(ax, 1)

@@ -1,7 +1,8 @@
 """``import_onnx``: an ONNX model as a :class:`~mlsys_lab.engine.graph.Graph` of registry ops.
 
 Each ONNX node goes to the importer that some op's mapping declares for its op type
-(``Op.onnx.imports``, registered in :mod:`.onnx_ops`; the lookup is derived by scanning the
+(``Op.onnx.imports``, registered in :mod:`.ops_elementwise`,
+:mod:`.ops_shape`, :mod:`.ops_nn`, :mod:`.qdq`; the lookup is derived by scanning the
 registry). An importer emits registry ops through an :class:`ImportContext`; nothing is
 optimised here (constant folding is a pass), but an input whose value decides shapes (a
 Reshape's target computed by shape arithmetic) is evaluated at import time, the graph's shapes
@@ -15,12 +16,12 @@ from collections import Counter
 
 import numpy as np
 
-from ..engine import dtypes
-from ..engine.dispatch import run_kernel
-from ..engine.graph import Graph, Node, Value
-from ..engine.interpreter import check_allocation, is_memory_error, out_of_memory
-from ..engine.registry import REGISTRY, get
-from ..errors import (
+from ...engine import dtypes
+from ...engine.dispatch import run_kernel
+from ...engine.graph import Graph, Node, Value
+from ...engine.interpreter import check_allocation, is_memory_error, out_of_memory
+from ...engine.registry import REGISTRY, get
+from ...errors import (
     ArgumentError,
     CheckpointError,
     DTypeError,
@@ -29,8 +30,7 @@ from ..errors import (
     OutOfMemoryError,
     UnknownNameError,
 )
-from . import onnx_ops
-from .onnx_ops import OnnxImport
+from .mapping import OnnxImport
 
 try:  # an optional dependency (the dev extra)
     import onnx
@@ -625,4 +625,4 @@ def import_onnx(source, *, input_shapes=None, static_inputs=None, name=None):
 
 
 __all__ = ["import_onnx", "load_model", "supported_onnx_ops", "importers", "StaticInputError",
-           "ImportContext", "onnx_ops"]
+           "ImportContext"]

@@ -1,22 +1,23 @@
 """The ONNX mappings of the elementwise ops: arithmetic, comparisons, unary math and
-activations, where / cast / identity (one :func:`~.onnx_mapping.register_onnx` call per op;
-loaded by :mod:`.onnx_ops`)."""
+activations, where / cast / identity (one :func:`~.mapping.register_onnx` call per op;
+loaded by
+:mod:`mlsys_lab.deploy.onnx`)."""
 
 import numpy as np
 
-from ..engine import dtypes
-from .onnx_mapping import (
+from ...engine import dtypes
+from .mapping import (
     OnnxImport,
-    _common,
-    _ex_binary,
-    _ex_unary,
-    _fold,
-    _im_op,
-    _ins,
-    _require_bool,
-    _scalar,
-    _variadic,
+    common_dtype,
+    export_binary,
+    export_unary,
+    fold_binary,
+    import_as,
+    import_variadic,
+    input_names,
     register_onnx,
+    require_bool,
+    scalar_like,
 )
 
 
@@ -32,12 +33,12 @@ def _im_div(ctx, node, a):
 
 def _im_reciprocal(ctx, node, a):
     x = ctx.input(node, 0)
-    return [ctx.emit("div", _scalar(1, x), x)]
+    return [ctx.emit("div", scalar_like(1, x), x)]
 
 
 def _ex_pow(ctx, node):
     base, exponent = node.inputs
-    names = _ins(ctx, node)
+    names = input_names(ctx, node)
     b = ctx.cast(names[0], base.dtype, node.output.dtype)
     e = names[1] if exponent.dtype.kind in "iuf" else ctx.cast(names[1], exponent.dtype,
                                                                  node.output.dtype)
@@ -52,8 +53,8 @@ def _im_pow(ctx, node, a):
 
 def _im_mean_of(ctx, node, a):
     xs = ctx.inputs(node)
-    total = _fold(ctx, "add", xs)
-    return [ctx.emit("div", total, _scalar(len(xs), total)) if len(xs) > 1 else total]
+    total = fold_binary(ctx, "add", xs)
+    return [ctx.emit("div", total, scalar_like(len(xs), total)) if len(xs) > 1 else total]
 
 
 def _im_batch_norm(ctx, node, a):
@@ -68,12 +69,12 @@ def _im_batch_norm(ctx, node, a):
         batch_mean = ctx.emit("mean", x, axis=axes, keepdims=False)
         dev = ctx.emit("sub", x, ctx.emit("reshape", batch_mean, shape=shape))
         batch_var = ctx.emit("mean", ctx.emit("mul", dev, dev), axis=axes, keepdims=False)
-        m = _scalar(a.get("momentum", 0.9), x)
-        keep = _scalar(1 - a.get("momentum", 0.9), x)
+        m = scalar_like(a.get("momentum", 0.9), x)
+        keep = scalar_like(1 - a.get("momentum", 0.9), x)
         stats = [ctx.emit("add", ctx.emit("mul", old, m), ctx.emit("mul", new, keep))
                  for old, new in ((mean, batch_mean), (var, batch_var))]
         mean, var = batch_mean, batch_var
-    eps = _scalar(a.get("epsilon", 1e-5), x)
+    eps = scalar_like(a.get("epsilon", 1e-5), x)
     p = ctx.prepare
     inv = p("div", p("reshape", scale, shape=shape),
             p("sqrt", p("add", p("reshape", var, shape=shape), eps)))
@@ -84,27 +85,27 @@ def _im_batch_norm(ctx, node, a):
 
 def _im_and(ctx, node, a):
     xs = ctx.inputs(node)
-    _require_bool(ctx, node, xs)
+    require_bool(ctx, node, xs)
     return [ctx.emit("mul", *xs)]
 
 
 def _im_or(ctx, node, a):
     xs = ctx.inputs(node)
-    _require_bool(ctx, node, xs)
+    require_bool(ctx, node, xs)
     return [ctx.emit("maximum", *xs)]
 
 
 def _im_xor(ctx, node, a):
     xs = ctx.inputs(node)
-    _require_bool(ctx, node, xs)
+    require_bool(ctx, node, xs)
     return [ctx.emit("ne", *xs)]
 
 
 def _im_clip(ctx, node, a):
     x = ctx.input(node, 0)
     if ctx.opset < 11:
-        lo = _scalar(a.get("min", -np.inf), x) if "min" in a else None
-        hi = _scalar(a.get("max", np.inf), x) if "max" in a else None
+        lo = scalar_like(a.get("min", -np.inf), x) if "min" in a else None
+        hi = scalar_like(a.get("max", np.inf), x) if "max" in a else None
     else:
         lo, hi = ctx.input(node, 1), ctx.input(node, 2)
     y = x if lo is None else ctx.emit("maximum", x, lo)
@@ -112,35 +113,36 @@ def _im_clip(ctx, node, a):
     return [y if y is not x else ctx.emit("identity", x)]
 
 
-register_onnx("add", export=_ex_binary("Add", bool_type="Or"), writes=("Add",),
-              imports=(OnnxImport("Add", _im_op("add")), OnnxImport("Sum", _variadic("add")),
+register_onnx("add", export=export_binary("Add", bool_type="Or"), writes=("Add",),
+              imports=(OnnxImport("Add", import_as("add")),
+                       OnnxImport("Sum", import_variadic("add")),
                        OnnxImport("Mean", _im_mean_of)))
-register_onnx("sub", export=_ex_binary("Sub"), writes=("Sub",),
-              imports=(OnnxImport("Sub", _im_op("sub")),))
-register_onnx("mul", export=_ex_binary("Mul", bool_type="And"), writes=("Mul",),
-              imports=(OnnxImport("Mul", _im_op("mul")), OnnxImport("And", _im_and),
+register_onnx("sub", export=export_binary("Sub"), writes=("Sub",),
+              imports=(OnnxImport("Sub", import_as("sub")),))
+register_onnx("mul", export=export_binary("Mul", bool_type="And"), writes=("Mul",),
+              imports=(OnnxImport("Mul", import_as("mul")), OnnxImport("And", _im_and),
                        OnnxImport("BatchNormalization", _im_batch_norm,
                                   ("epsilon", "momentum", "spatial", "training_mode",
                                    "is_test"))))
-register_onnx("div", export=_ex_binary("Div"), writes=("Div",),
+register_onnx("div", export=export_binary("Div"), writes=("Div",),
               imports=(OnnxImport("Div", _im_div), OnnxImport("Reciprocal", _im_reciprocal)))
 register_onnx("pow", export=_ex_pow, writes=("Pow",), imports=(OnnxImport("Pow", _im_pow),))
-register_onnx("maximum", export=_ex_binary("Max", bool_type="Or"), writes=("Max",),
-              imports=(OnnxImport("Max", _variadic("maximum")), OnnxImport("Or", _im_or)))
-register_onnx("minimum", export=_ex_binary("Min", bool_type="And"), writes=("Min",),
-              imports=(OnnxImport("Min", _variadic("minimum")),
+register_onnx("maximum", export=export_binary("Max", bool_type="Or"), writes=("Max",),
+              imports=(OnnxImport("Max", import_variadic("maximum")), OnnxImport("Or", _im_or)))
+register_onnx("minimum", export=export_binary("Min", bool_type="And"), writes=("Min",),
+              imports=(OnnxImport("Min", import_variadic("minimum")),
                        OnnxImport("Clip", _im_clip, ("min", "max"))))
 
 
 # --- comparisons -------------------------------------------------------------------------------
 def _ex_ne(ctx, node):
-    eq = ctx.emit("Equal", _ins(ctx, node, _common(node)))
+    eq = ctx.emit("Equal", input_names(ctx, node, common_dtype(node)))
     ctx.emit("Not", [eq], ctx.name(node.output))
 
 
 def _im_not(ctx, node, a):
     x = ctx.input(node, 0)
-    _require_bool(ctx, node, [x])
+    require_bool(ctx, node, [x])
     src = ctx.producer(x)
     if src is not None and src.op == "eq" and ctx.single_use(x):
         ctx.absorb(src)
@@ -157,52 +159,52 @@ def _im_isinf(ctx, node, a):
     x = ctx.input(node, 0)
     pos, neg = a.get("detect_positive", 1), a.get("detect_negative", 1)
     if pos and neg:
-        return [ctx.emit("eq", ctx.emit("abs", x), _scalar(np.inf, x))]
+        return [ctx.emit("eq", ctx.emit("abs", x), scalar_like(np.inf, x))]
     if pos or neg:
-        return [ctx.emit("eq", x, _scalar(np.inf if pos else -np.inf, x))]
+        return [ctx.emit("eq", x, scalar_like(np.inf if pos else -np.inf, x))]
     return [ctx.constant(ctx.full(x.shape, False, bool))]
 
 
-register_onnx("eq", export=_ex_binary("Equal", bool_type="Equal", compare=True),
+register_onnx("eq", export=export_binary("Equal", bool_type="Equal", compare=True),
               writes=("Equal",),
-              imports=(OnnxImport("Equal", _im_op("eq")),
+              imports=(OnnxImport("Equal", import_as("eq")),
                        OnnxImport("IsInf", _im_isinf, ("detect_positive", "detect_negative"))))
 register_onnx("ne", export=_ex_ne, writes=("Equal", "Not"),
               imports=(OnnxImport("Not", _im_not), OnnxImport("Xor", _im_xor),
                        OnnxImport("IsNaN", _im_isnan)))
 for _name, _type in (("lt", "Less"), ("le", "LessOrEqual"), ("gt", "Greater"),
                      ("ge", "GreaterOrEqual")):
-    register_onnx(_name, export=_ex_binary(_type, compare=True), writes=(_type,),
-                  imports=(OnnxImport(_type, _im_op(_name)),))
+    register_onnx(_name, export=export_binary(_type, compare=True), writes=(_type,),
+                  imports=(OnnxImport(_type, import_as(_name)),))
 
 
 # --- unary math and activations ------------------------------------------------------------------
 def _im_elu(ctx, node, a):
     x = ctx.input(node, 0)
-    neg = ctx.emit("mul", ctx.emit("sub", ctx.emit("exp", x), _scalar(1, x)),
-                   _scalar(a.get("alpha", 1.0), x))
-    return [ctx.emit("where", ctx.emit("lt", x, _scalar(0, x)), neg, x)]
+    neg = ctx.emit("mul", ctx.emit("sub", ctx.emit("exp", x), scalar_like(1, x)),
+                   scalar_like(a.get("alpha", 1.0), x))
+    return [ctx.emit("where", ctx.emit("lt", x, scalar_like(0, x)), neg, x)]
 
 
 def _im_selu(ctx, node, a):
     x = ctx.input(node, 0)
-    alpha = _scalar(a.get("alpha", 1.67326319217681884765625), x)
-    gamma = _scalar(a.get("gamma", 1.05070102214813232421875), x)
+    alpha = scalar_like(a.get("alpha", 1.67326319217681884765625), x)
+    gamma = scalar_like(a.get("gamma", 1.05070102214813232421875), x)
     neg = ctx.emit("sub", ctx.emit("mul", ctx.emit("exp", x), alpha), alpha)
-    y = ctx.emit("where", ctx.emit("gt", x, _scalar(0, x)), x, neg)
+    y = ctx.emit("where", ctx.emit("gt", x, scalar_like(0, x)), x, neg)
     return [ctx.emit("mul", y, gamma)]
 
 
 def _im_celu(ctx, node, a):
     x = ctx.input(node, 0)
-    alpha = _scalar(a.get("alpha", 1.0), x)
+    alpha = scalar_like(a.get("alpha", 1.0), x)
     neg = ctx.emit("mul", ctx.emit("sub", ctx.emit("exp", ctx.emit("div", x, alpha)),
-                                   _scalar(1, x)), alpha)
-    return [ctx.emit("add", ctx.emit("relu", x), ctx.emit("minimum", neg, _scalar(0, x)))]
+                                   scalar_like(1, x)), alpha)
+    return [ctx.emit("add", ctx.emit("relu", x), ctx.emit("minimum", neg, scalar_like(0, x)))]
 
 
 def _softplus(ctx, x):
-    return ctx.emit("log", ctx.emit("add", ctx.emit("exp", x), _scalar(1, x)))
+    return ctx.emit("log", ctx.emit("add", ctx.emit("exp", x), scalar_like(1, x)))
 
 
 def _im_softplus(ctx, node, a):
@@ -215,8 +217,8 @@ def _im_mish(ctx, node, a):
 
 
 def _hard_sigmoid(ctx, x, alpha, beta):
-    y = ctx.emit("add", ctx.emit("mul", x, _scalar(alpha, x)), _scalar(beta, x))
-    return ctx.emit("maximum", ctx.emit("minimum", y, _scalar(1, x)), _scalar(0, x))
+    y = ctx.emit("add", ctx.emit("mul", x, scalar_like(alpha, x)), scalar_like(beta, x))
+    return ctx.emit("maximum", ctx.emit("minimum", y, scalar_like(1, x)), scalar_like(0, x))
 
 
 def _im_hard_sigmoid(ctx, node, a):
@@ -231,71 +233,71 @@ def _im_hard_swish(ctx, node, a):
 def _im_swish(ctx, node, a):
     x = ctx.input(node, 0)
     return [ctx.emit("mul", x, ctx.emit("sigmoid",
-                                        ctx.emit("mul", x, _scalar(a.get("alpha", 1.0), x))))]
+                                        ctx.emit("mul", x, scalar_like(a.get("alpha", 1.0), x))))]
 
 
 def _im_softsign(ctx, node, a):
     x = ctx.input(node, 0)
-    return [ctx.emit("div", x, ctx.emit("add", ctx.emit("abs", x), _scalar(1, x)))]
+    return [ctx.emit("div", x, ctx.emit("add", ctx.emit("abs", x), scalar_like(1, x)))]
 
 
 def _im_thresholded_relu(ctx, node, a):
     x = ctx.input(node, 0)
-    keep = ctx.emit("gt", x, _scalar(a.get("alpha", 1.0), x))
-    return [ctx.emit("where", keep, x, _scalar(0, x))]
+    keep = ctx.emit("gt", x, scalar_like(a.get("alpha", 1.0), x))
+    return [ctx.emit("where", keep, x, scalar_like(0, x))]
 
 
 def _im_leaky_relu(ctx, node, a):
     x = ctx.input(node, 0)
-    neg = ctx.emit("mul", x, _scalar(a.get("alpha", 0.01), x))
-    return [ctx.emit("where", ctx.emit("lt", x, _scalar(0, x)), neg, x)]
+    neg = ctx.emit("mul", x, scalar_like(a.get("alpha", 0.01), x))
+    return [ctx.emit("where", ctx.emit("lt", x, scalar_like(0, x)), neg, x)]
 
 
 def _im_prelu(ctx, node, a):
     x, slope = ctx.inputs(node)
-    return [ctx.emit("where", ctx.emit("lt", x, _scalar(0, x)), ctx.emit("mul", x, slope), x)]
+    return [ctx.emit("where", ctx.emit("lt", x, scalar_like(0, x)), ctx.emit("mul", x, slope), x)]
 
 
-register_onnx("neg", export=_ex_unary("Neg", signed=True), writes=("Neg",),
-              imports=(OnnxImport("Neg", _im_op("neg")),))
-register_onnx("exp", export=_ex_unary("Exp"), writes=("Exp",),
-              imports=(OnnxImport("Exp", _im_op("exp")), OnnxImport("Elu", _im_elu, ("alpha",)),
+register_onnx("neg", export=export_unary("Neg", signed=True), writes=("Neg",),
+              imports=(OnnxImport("Neg", import_as("neg")),))
+register_onnx("exp", export=export_unary("Exp"), writes=("Exp",),
+              imports=(OnnxImport("Exp", import_as("exp")), OnnxImport("Elu", _im_elu, ("alpha",)),
                        OnnxImport("Selu", _im_selu, ("alpha", "gamma")),
                        OnnxImport("Celu", _im_celu, ("alpha",))))
-register_onnx("log", export=_ex_unary("Log"), writes=("Log",),
-              imports=(OnnxImport("Log", _im_op("log")), OnnxImport("Softplus", _im_softplus)))
-register_onnx("sqrt", export=_ex_unary("Sqrt"), writes=("Sqrt",),
-              imports=(OnnxImport("Sqrt", _im_op("sqrt")),))
-register_onnx("tanh", export=_ex_unary("Tanh"), writes=("Tanh",),
-              imports=(OnnxImport("Tanh", _im_op("tanh")), OnnxImport("Mish", _im_mish)))
-register_onnx("sigmoid", export=_ex_unary("Sigmoid"), writes=("Sigmoid",),
-              imports=(OnnxImport("Sigmoid", _im_op("sigmoid")),
+register_onnx("log", export=export_unary("Log"), writes=("Log",),
+              imports=(OnnxImport("Log", import_as("log")), OnnxImport("Softplus", _im_softplus)))
+register_onnx("sqrt", export=export_unary("Sqrt"), writes=("Sqrt",),
+              imports=(OnnxImport("Sqrt", import_as("sqrt")),))
+register_onnx("tanh", export=export_unary("Tanh"), writes=("Tanh",),
+              imports=(OnnxImport("Tanh", import_as("tanh")), OnnxImport("Mish", _im_mish)))
+register_onnx("sigmoid", export=export_unary("Sigmoid"), writes=("Sigmoid",),
+              imports=(OnnxImport("Sigmoid", import_as("sigmoid")),
                        OnnxImport("HardSigmoid", _im_hard_sigmoid, ("alpha", "beta")),
                        OnnxImport("HardSwish", _im_hard_swish),
                        OnnxImport("Swish", _im_swish, ("alpha",))))
-register_onnx("sin", export=_ex_unary("Sin"), writes=("Sin",),
-              imports=(OnnxImport("Sin", _im_op("sin")),))
-register_onnx("cos", export=_ex_unary("Cos"), writes=("Cos",),
-              imports=(OnnxImport("Cos", _im_op("cos")),))
-register_onnx("relu", export=_ex_unary("Relu", signed=True), writes=("Relu",),
-              imports=(OnnxImport("Relu", _im_op("relu")),
+register_onnx("sin", export=export_unary("Sin"), writes=("Sin",),
+              imports=(OnnxImport("Sin", import_as("sin")),))
+register_onnx("cos", export=export_unary("Cos"), writes=("Cos",),
+              imports=(OnnxImport("Cos", import_as("cos")),))
+register_onnx("relu", export=export_unary("Relu", signed=True), writes=("Relu",),
+              imports=(OnnxImport("Relu", import_as("relu")),
                        OnnxImport("ThresholdedRelu", _im_thresholded_relu, ("alpha",))))
-register_onnx("abs", export=_ex_unary("Abs"), writes=("Abs",),
-              imports=(OnnxImport("Abs", _im_op("abs")), OnnxImport("Softsign", _im_softsign)))
-register_onnx("sign", export=_ex_unary("Sign"), writes=("Sign",),
-              imports=(OnnxImport("Sign", _im_op("sign")),))
+register_onnx("abs", export=export_unary("Abs"), writes=("Abs",),
+              imports=(OnnxImport("Abs", import_as("abs")), OnnxImport("Softsign", _im_softsign)))
+register_onnx("sign", export=export_unary("Sign"), writes=("Sign",),
+              imports=(OnnxImport("Sign", import_as("sign")),))
 
 
 # --- where, cast, identity -----------------------------------------------------------------------
 def _ex_where(ctx, node):
-    c, x, y = _ins(ctx, node)
+    c, x, y = input_names(ctx, node)
     dt = node.output.dtype
     ctx.emit("Where", [c, ctx.cast(x, node.inputs[1].dtype, dt),
                        ctx.cast(y, node.inputs[2].dtype, dt)], ctx.name(node.output))
 
 
 def _ex_cast(ctx, node):
-    ctx.emit("Cast", _ins(ctx, node), ctx.name(node.output),
+    ctx.emit("Cast", input_names(ctx, node), ctx.name(node.output),
              to=ctx.onnx_dtype(node.attrs["dtype"]))
 
 
@@ -386,11 +388,11 @@ def _im_dropout(ctx, node, a):
 
 
 def _ex_identity(ctx, node):
-    ctx.emit("Identity", _ins(ctx, node), ctx.name(node.output))
+    ctx.emit("Identity", input_names(ctx, node), ctx.name(node.output))
 
 
 register_onnx("where", export=_ex_where, writes=("Where",),
-              imports=(OnnxImport("Where", _im_op("where")),
+              imports=(OnnxImport("Where", import_as("where")),
                        OnnxImport("LeakyRelu", _im_leaky_relu, ("alpha",)),
                        OnnxImport("PRelu", _im_prelu)))
 register_onnx("cast", export=_ex_cast, writes=("Cast",),

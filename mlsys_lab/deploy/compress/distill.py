@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ops
-from ..engine.tensor import Tensor, as_tensor
-from ..errors import ArgumentError, ShapeError
+from ... import ops
+from ...engine.tensor import Tensor, as_tensor
+from ...errors import ArgumentError, ShapeError
 
 
 def soft_targets(logits, temperature):

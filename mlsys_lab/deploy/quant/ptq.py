@@ -10,20 +10,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.interpreter import Interpreter
-from ..engine.passes.rewrite import Rewriter, graph_pass
-from ..engine.registry import get
-from ..errors import ArgumentError
-from .passes import (
+from ...engine.interpreter import Interpreter
+from ...engine.passes.rewrite import Rewriter, graph_pass
+from ...engine.registry import get
+from ...errors import ArgumentError
+from ..passes import (
     channel_vector,
     constant_weight,
     output_channel_axis,
     sole_user,
     weight_channel_axis,
 )
-from .quant_observers import MinMaxObserver, observer
-from .quant_ops import fake_quant_qparams
-from .quant_params import QParams, qrange
+from .observers import MinMaxObserver, observer
+from .ops import fake_quant_qparams
+from .params import QParams, qrange
 
 
 # --- post-training quantisation of a graph --------------------------------------------------
@@ -112,7 +112,7 @@ def calibrate(graph, batches, method="minmax", **options):
     quantiser will quantise.
 
     Args:
-        graph: a float inference graph (after :func:`~.passes.fold_batch_norm`).
+        graph: a float inference graph (after :func:`~mlsys_lab.deploy.passes.fold_batch_norm`).
         batches: an iterable of inputs (an array, or a tuple of arrays for several inputs).
         method: ``"minmax"``, ``"percentile"`` or ``"kl"`` (see :func:`observer`).
         options: passed to each observer (``bins``, ``percentile``).

@@ -1,4 +1,6 @@
-"""Quantisation (book ch. 10): ``q = clip(round(r / s) + z, qmin, qmax)``, back ``r ≈ s (q - z)``.
+"""Quantisation (book ch. 10, model compression).
+
+``q = clip(round(r / s) + z, qmin, qmax)``, back ``r ≈ s (q - z)``.
 
 ``round`` rounds half to even and comes before the zero point is added, as ONNX's
 QuantizeLinear computes it; ``round(r / s + z)`` would differ on a tie (``r / s = 0.5``,
@@ -18,41 +20,25 @@ QuantizeLinear computes it; ``round(r / s + z)`` would differ on a tie (``r / s 
 * quantisation-aware training — :func:`prepare_qat` swaps ``Linear``/``Conv2d`` layers for
   fake-quantised ones, :func:`qat_to_qdq` turns the trained model into the same QDQ graph.
 
-The code lives in :mod:`.quant_params`, :mod:`.quant_ops`, :mod:`.quant_observers`,
-:mod:`.quant_ptq` and :mod:`.quant_qat`; this module gathers their names.
-:mod:`.int8_kernels` lowers a QDQ graph onto int8 kernels (``qlinear_matmul``, ``qlinear_conv``).
+The modules: :mod:`.params` (the arithmetic), :mod:`.ops` (the three ops), :mod:`.observers`,
+:mod:`.ptq` (calibration, QDQ rewriting), :mod:`.qat`; :mod:`.int8_kernels` lowers a QDQ graph
+onto int8 kernels (:func:`lower_qdq`: ``qlinear_matmul``, ``qlinear_conv``; the 32-bit
+``vpmaddwd`` row dot is :mod:`.int8_simd`), and :mod:`.int16_pairs` models an x86 int8 kernel
+without VNNI (what onnxruntime computes there). This package re-exports the public names.
 """
 
-from .quant_observers import (  # noqa: F401
-    HistogramObserver,
-    MinMaxObserver,
-    _kl,
-    _merged,
-    kl_threshold,
-    observer,
-)
-from .quant_ops import (  # noqa: F401
+from .int8_kernels import lower_qdq
+from .observers import HistogramObserver, MinMaxObserver, kl_threshold, observer
+from .ops import (
     DEQUANTIZE_LINEAR,
     FAKE_QUANT,
     QUANTIZE_LINEAR,
-    _attr,
-    _channel_axis,
-    _dq_infer,
-    _dq_np,
-    _fq_infer,
-    _fq_jvp,
-    _fq_np,
-    _fq_params,
-    _fq_vjp,
-    _q_infer,
-    _q_np,
-    _ste_mask_value,
     dequantize_linear,
     fake_quant,
     fake_quant_qparams,
     quantize_linear,
 )
-from .quant_params import (  # noqa: F401
+from .params import (
     QUANT_DTYPES,
     QParams,
     along,
@@ -62,17 +48,9 @@ from .quant_params import (  # noqa: F401
     quantize,
     storage_dtype,
 )
-from .quant_ptq import (  # noqa: F401
+from .ptq import (
     Calibration,
     LinearSite,
-    _bias_shape,
-    _channel_mean,
-    _dq_const,
-    _emit_bias,
-    _emit_bias_value,
-    _emit_qdq,
-    _emit_weight_site,
-    _view_root,
     bias_qparams,
     bias_shift,
     calibrate,
@@ -84,20 +62,13 @@ from .quant_ptq import (  # noqa: F401
     quantize_static,
     weight_qparams,
 )
-from .quant_qat import (  # noqa: F401
-    FakeQuantize,
-    QATConv2d,
-    QATLinear,
-    QATModel,
-    _weight_fake_quant,
-    prepare_qat,
-    qat_to_qdq,
-)
+from .qat import FakeQuantize, QATConv2d, QATLinear, QATModel, prepare_qat, qat_to_qdq
 
 __all__ = ["QParams", "qrange", "storage_dtype", "choose_qparams", "quantize", "dequantize",
+           "QUANT_DTYPES", "QUANTIZE_LINEAR", "DEQUANTIZE_LINEAR", "FAKE_QUANT",
            "quantize_linear", "dequantize_linear", "fake_quant", "fake_quant_qparams",
            "MinMaxObserver", "HistogramObserver", "kl_threshold", "observer", "along",
            "LinearSite", "linear_sites", "Calibration", "calibrate", "weight_qparams",
            "bias_shift", "bias_qparams", "quantize_static", "post_training_quantize",
            "qdq_tensors", "model_bytes", "fake_quant_to_qdq", "FakeQuantize", "QATLinear",
-           "QATConv2d", "QATModel", "prepare_qat", "qat_to_qdq"]
+           "QATConv2d", "QATModel", "prepare_qat", "qat_to_qdq", "lower_qdq"]

@@ -1,20 +1,19 @@
 """The ONNX mapping of the quantisation ops: ``quantize_linear`` and ``dequantize_linear``
 export as ONNX ``QuantizeLinear`` / ``DequantizeLinear`` (opset 13+ semantics: round half to
 even, saturate to the zero point's type, a 1-D scale quantises per channel along ``axis``), so
-that a graph from :func:`~.quantize.quantize_static` (PTQ) or :func:`~.quantize.qat_to_qdq`
-(QAT) is written as a QDQ model that onnxruntime runs.
+that a graph from :func:`~mlsys_lab.deploy.quant.quantize_static` (PTQ) or
+:func:`~mlsys_lab.deploy.quant.qat_to_qdq` (QAT) is written as a QDQ model that onnxruntime runs.
 
 Both import back: an ONNX QuantizeLinear / DequantizeLinear becomes the registry op, with the
 zero point ONNX lets a model leave out made a constant 0 (uint8 for QuantizeLinear, the
 input's dtype for DequantizeLinear). ``fake_quant`` (QAT's training op) has no ONNX form and
-is converted with :func:`~.quantize.fake_quant_to_qdq` first.
+is converted with :func:`~mlsys_lab.deploy.quant.fake_quant_to_qdq` first.
 """
 
 import numpy as np
 
-from . import quantize  # noqa: F401 - defines the two ops on the registry
-from .onnx_mapping import OnnxImport
-from .onnx_ops import register_onnx
+from ..quant import ops as quant_ops  # noqa: F401 - defines the two ops on the registry
+from .mapping import OnnxImport, register_onnx
 
 
 def _ex_qdq(onnx_type):

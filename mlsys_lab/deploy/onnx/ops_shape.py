@@ -1,19 +1,19 @@
 """The ONNX mappings of the shape ops: reshape, transpose and friends, reductions, joining,
-indexing and padding (one :func:`~.onnx_mapping.register_onnx` call per op; loaded by
-:mod:`.onnx_ops`)."""
+indexing and padding (one :func:`~.mapping.register_onnx` call per op; loaded by
+:mod:`mlsys_lab.deploy.onnx`)."""
 
 import numpy as np
 
-from ..engine import dtypes
-from ..engine.ops_shape import canonical_index
-from .onnx_mapping import (
+from ...engine import dtypes
+from ...engine.ops_shape import canonical_index
+from .mapping import (
     INT64_MAX,
     INT64_MIN,
     OnnxImport,
-    _axis,
-    _ins,
-    _unsqueeze_shape,
+    check_axis,
+    input_names,
     register_onnx,
+    unsqueeze_shape,
 )
 
 
@@ -67,7 +67,7 @@ def _im_squeeze(ctx, node, a):
     axes = _axes_of(ctx, node, a, 1, 13)
     r = len(x.shape)
     axes = [i for i, d in enumerate(x.shape) if d == 1] if axes is None else \
-        sorted(_axis(ctx, node, ax, r) for ax in axes)
+        sorted(check_axis(ctx, node, ax, r) for ax in axes)
     for ax in axes:
         if x.shape[ax] != 1:
             ctx.fail(node, f"cannot squeeze axis {ax} of length {x.shape[ax]}")
@@ -90,12 +90,13 @@ def _im_unsqueeze(ctx, node, a):
     if not axes:
         ctx.fail(node, "axes are required")
     r = len(x.shape) + len(axes)
-    norm = sorted(_axis(ctx, node, ax, r) for ax in axes)
-    return [ctx.emit("reshape", x, shape=_unsqueeze_shape(x.shape, norm))]
+    norm = sorted(check_axis(ctx, node, ax, r) for ax in axes)
+    return [ctx.emit("reshape", x, shape=unsqueeze_shape(x.shape, norm))]
 
 
 def _ex_transpose(ctx, node):
-    ctx.emit("Transpose", _ins(ctx, node), ctx.name(node.output), perm=list(node.attrs["axes"]))
+    ctx.emit("Transpose", input_names(ctx, node), ctx.name(node.output),
+             perm=list(node.attrs["axes"]))
 
 
 def _im_transpose(ctx, node, a):
@@ -176,7 +177,7 @@ def _reduce_axes(ctx, node, a, since):
         if a.get("noop_with_empty_axes", 0):
             return (), keep
         return tuple(range(len(x.shape))), keep
-    return tuple(sorted({_axis(ctx, node, ax, len(x.shape)) for ax in axes})), keep
+    return tuple(sorted({check_axis(ctx, node, ax, len(x.shape)) for ax in axes})), keep
 
 
 def _as_dtype_of(ctx, y, x):
@@ -322,7 +323,7 @@ def _ex_argmax(ctx, node):
 def _im_arg(negate):
     def convert(ctx, node, a):
         x = ctx.input(node, 0)
-        axis = _axis(ctx, node, a.get("axis", 0), len(x.shape))
+        axis = check_axis(ctx, node, a.get("axis", 0), len(x.shape))
         keep, last = a.get("keepdims", 1), a.get("select_last_index", 0)
         src = ctx.producer(x)
         if not negate and not keep and not last and axis == 0 and src is not None and \
@@ -339,7 +340,7 @@ def _im_arg(negate):
         if last:
             y = ctx.emit("sub", np.asarray(x.shape[axis] - 1, np.int64), y)
         if keep:
-            y = ctx.emit("reshape", y, shape=_unsqueeze_shape(y.shape, [axis]))
+            y = ctx.emit("reshape", y, shape=unsqueeze_shape(y.shape, [axis]))
         return [y]
     return convert
 
@@ -352,12 +353,12 @@ register_onnx("argmax", export=_ex_argmax, writes=("ArgMax",),
 
 # --- joining, indexing, padding ------------------------------------------------------------------
 def _ex_concat(ctx, node):
-    ctx.emit("Concat", _ins(ctx, node), ctx.name(node.output), axis=int(node.attrs["axis"]))
+    ctx.emit("Concat", input_names(ctx, node), ctx.name(node.output), axis=int(node.attrs["axis"]))
 
 
 def _ex_stack(ctx, node):
     axis = int(node.attrs["axis"])
-    parts = [ctx.emit("Unsqueeze", [n, ctx.ints([axis], "axes")]) for n in _ins(ctx, node)]
+    parts = [ctx.emit("Unsqueeze", [n, ctx.ints([axis], "axes")]) for n in input_names(ctx, node)]
     ctx.emit("Concat", parts, ctx.name(node.output), axis=axis)
 
 
@@ -369,7 +370,7 @@ def _stacked(ctx, xs, axis):
         if src is None or src.op != "reshape" or not ctx.single_use(x):
             return None
         orig = src.inputs[0]
-        if tuple(x.shape) != _unsqueeze_shape(orig.shape, [axis]) or \
+        if tuple(x.shape) != unsqueeze_shape(orig.shape, [axis]) or \
                 orig.shape != xs[0].shape[:axis] + xs[0].shape[axis + 1:]:
             return None
         origs.append(orig)
@@ -381,7 +382,7 @@ def _im_concat(ctx, node, a):
     if "axis" not in a:
         ctx.fail(node, "attribute 'axis' is required")
     axis = int(a["axis"])
-    origs = _stacked(ctx, xs, _axis(ctx, node, axis, len(xs[0].shape)))
+    origs = _stacked(ctx, xs, check_axis(ctx, node, axis, len(xs[0].shape)))
     if origs is not None:
         ctx.absorb(*[ctx.producer(x) for x in xs])
         return [ctx.emit("stack", *origs, axis=axis)]
@@ -477,7 +478,7 @@ def _im_slice(ctx, node, a):
     ends = [int(v) for v in np.asarray(ends).reshape(-1)]
     r = len(x.shape)
     axes = list(range(len(starts))) if axes is None else \
-        [_axis(ctx, node, int(v), r) for v in np.asarray(axes).reshape(-1)]
+        [check_axis(ctx, node, int(v), r) for v in np.asarray(axes).reshape(-1)]
     steps = [1] * len(starts) if steps is None else [int(v) for v in np.asarray(steps)
                                                      .reshape(-1)]
     if 0 in steps:
@@ -491,7 +492,7 @@ def _im_slice(ctx, node, a):
 
 def _im_split(ctx, node, a):
     x = ctx.input(node, 0)
-    axis = _axis(ctx, node, a.get("axis", 0), len(x.shape))
+    axis = check_axis(ctx, node, a.get("axis", 0), len(x.shape))
     n, count = x.shape[axis], len(node.outputs)
     sizes = ctx.array(node, 1, "split") if ctx.opset >= 13 else a.get("split")
     if sizes is None:
@@ -511,14 +512,14 @@ def _im_split(ctx, node, a):
 
 
 def _ex_take(ctx, node):
-    x, idx = _ins(ctx, node)
+    x, idx = input_names(ctx, node)
     ctx.emit("Gather", [x, idx], ctx.name(node.output), axis=int(node.attrs["axis"]))
 
 
 def _ex_embedding(ctx, node):
     """``embedding`` (the dense lookup that refuses ids outside the table) is a Gather on axis
     0; ONNX's Gather counts a negative index from the end, the one id it does not refuse."""
-    w, idx = _ins(ctx, node)
+    w, idx = input_names(ctx, node)
     ctx.emit("Gather", [w, idx], ctx.name(node.output), axis=0)
 
 
@@ -551,7 +552,7 @@ def _im_pad(ctx, node, a):
         value = 0.0 if const is None or np.asarray(const).size == 0 else \
             np.asarray(const).reshape(-1)[0].item()
         axes = ctx.array(node, 3, "axes")
-    axes = list(range(r)) if axes is None else [_axis(ctx, node, int(v), r) for v in axes]
+    axes = list(range(r)) if axes is None else [check_axis(ctx, node, int(v), r) for v in axes]
     if len(pads) != 2 * len(axes):
         ctx.fail(node, f"{len(pads)} pads for {len(axes)} axes")
     widths = [[0, 0] for _ in range(r)]

@@ -1,24 +1,24 @@
 """The ONNX mappings of the neural-network ops: matmul and softmax, convolution and pooling,
-one-hot and the losses (one :func:`~.onnx_mapping.register_onnx` call per op; loaded by
-:mod:`.onnx_ops`)."""
+one-hot and the losses (one :func:`~.mapping.register_onnx` call per op; loaded by
+:mod:`mlsys_lab.deploy.onnx`)."""
 
 import numpy as np
 
-from ..engine import dtypes
-from ..engine.ops_nn import conv_attrs
-from ..engine.ops_shape import canonical_index
-from .onnx_mapping import (
+from ...engine import dtypes
+from ...engine.ops_nn import conv_attrs
+from ...engine.ops_shape import canonical_index
+from .mapping import (
     OnnxImport,
-    _axis,
-    _ins,
-    _scalar,
+    check_axis,
+    input_names,
     register_onnx,
+    scalar_like,
 )
 
 
 # --- matmul and softmax --------------------------------------------------------------------------
 def _ex_matmul(ctx, node):
-    ctx.emit("MatMul", _ins(ctx, node), ctx.name(node.output))
+    ctx.emit("MatMul", input_names(ctx, node), ctx.name(node.output))
 
 
 def _im_matmul(ctx, node, a):
@@ -48,15 +48,15 @@ def _im_gemm(ctx, node, a):
                  _transposed(ctx, w, a.get("transB", 0)))
     alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
     if alpha != 1.0:
-        y = ctx.emit("mul", y, _scalar(alpha, y))
+        y = ctx.emit("mul", y, scalar_like(alpha, y))
     if c is not None and beta != 0.0:
-        y = ctx.emit("add", y, c if beta == 1.0 else ctx.prepare("mul", c, _scalar(beta, c)))
+        y = ctx.emit("add", y, c if beta == 1.0 else ctx.prepare("mul", c, scalar_like(beta, c)))
     return [y]
 
 
 def _ex_softmax(onnx_type):
     def export(ctx, node):
-        ctx.emit(onnx_type, _ins(ctx, node), ctx.name(node.output),
+        ctx.emit(onnx_type, input_names(ctx, node), ctx.name(node.output),
                  axis=int(node.attrs["axis"]))
     return export
 
@@ -66,7 +66,7 @@ def _im_softmax(op_name):
         x = ctx.input(node, 0)
         if ctx.opset >= 13:
             return [ctx.emit(op_name, x, axis=int(a.get("axis", -1)))]
-        axis = _axis(ctx, node, a.get("axis", 1), len(x.shape))  # opset < 13: 2-D coercion
+        axis = check_axis(ctx, node, a.get("axis", 1), len(x.shape))  # opset < 13: 2-D coercion
         flat = (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
         y = ctx.emit(op_name, ctx.emit("reshape", x, shape=flat), axis=1)
         return [ctx.emit("reshape", y, shape=x.shape)]
@@ -137,7 +137,7 @@ def _explicit_pad(ctx, x, begins, ends, value):
 def _ex_conv(ctx, node):
     at = node.attrs
     (ph, pw), w = at["padding"], node.inputs[1]
-    ctx.emit("Conv", _ins(ctx, node), ctx.name(node.output), kernel_shape=list(w.shape[2:]),
+    ctx.emit("Conv", input_names(ctx, node), ctx.name(node.output), kernel_shape=list(w.shape[2:]),
              strides=list(at["stride"]), pads=[ph, pw, ph, pw],
              dilations=list(at.get("dilation", (1, 1))), group=int(at.get("groups", 1)))
 
@@ -173,7 +173,7 @@ def _ex_conv_transpose(ctx, node):
     natural = [s * (n - 1) + span - 2 * p for s, n, span, p in
                zip((sh, sw), g.shape[2:], spans, (ph, pw))]
     extra = [x - n for x, n in zip(at["x_shape"][2:], natural)]
-    ctx.emit("ConvTranspose", _ins(ctx, node), ctx.name(node.output),
+    ctx.emit("ConvTranspose", input_names(ctx, node), ctx.name(node.output),
              kernel_shape=list(w.shape[2:]), strides=[sh, sw], pads=[ph, pw, ph, pw],
              dilations=[dh, dw], group=int(at.get("groups", 1)),
              output_padding=extra if any(extra) else None)
@@ -308,7 +308,7 @@ def _ex_pool(onnx_type, **extra):
     def export(ctx, node):
         at = node.attrs
         (ph, pw) = at["padding"]
-        ctx.emit(onnx_type, _ins(ctx, node), ctx.name(node.output),
+        ctx.emit(onnx_type, input_names(ctx, node), ctx.name(node.output),
                  kernel_shape=list(at["kernel"]), strides=list(at["stride"]),
                  pads=[ph, pw, ph, pw], **extra)
     return export
@@ -434,9 +434,9 @@ def _im_lrn(ctx, node, a):
     window = ctx.emit("avg_pool2d", sq, kernel=(size, 1), stride=(1, 1),
                       padding=(lo if lo == hi else 0, 0))  # the mean of the size squares
     scaled = ctx.emit("add", ctx.emit("mul", ctx.emit("reshape", window, shape=x.shape),
-                                      _scalar(a.get("alpha", 1e-4), x)),
-                      _scalar(a.get("bias", 1.0), x))
-    return [ctx.emit("div", x, ctx.emit("pow", scaled, _scalar(a.get("beta", 0.75), x)))]
+                                      scalar_like(a.get("alpha", 1e-4), x)),
+                      scalar_like(a.get("bias", 1.0), x))
+    return [ctx.emit("div", x, ctx.emit("pow", scaled, scalar_like(a.get("beta", 0.75), x)))]
 
 
 _WINDOW = ("auto_pad", "kernel_shape", "pads", "strides", "dilations")
@@ -472,18 +472,19 @@ def _im_one_hot(ctx, node, a):
     if idx.dtype.kind == "f":
         idx = p("cast", idx, dtype=dtypes.int64)
     if idx.dtype.kind == "i":  # ONNX counts negative indices from the end
-        idx = p("where", p("lt", idx, _scalar(0, idx)), p("add", idx, _scalar(depth, idx)), idx)
+        idx = p("where", p("lt", idx, scalar_like(0, idx)),
+                p("add", idx, scalar_like(depth, idx)), idx)
     # an index outside [-depth, depth) gives a row of off values (one_hot itself refuses it)
-    inside = p("lt", idx, _scalar(depth, idx))
+    inside = p("lt", idx, scalar_like(depth, idx))
     if idx.dtype.kind == "i":
-        inside = p("where", p("ge", idx, _scalar(0, idx)), inside, np.asarray(False))
-    idx = p("where", inside, idx, _scalar(0, idx))
+        inside = p("where", p("ge", idx, scalar_like(0, idx)), inside, np.asarray(False))
+    idx = p("where", inside, idx, scalar_like(0, idx))
     y = ctx.emit("one_hot", idx, num_classes=depth, dtype=np.dtype(values.dtype))
     y = ctx.emit("where", p("reshape", inside, shape=tuple(inside.shape) + (1,)), y,
-                 _scalar(0, y))
+                 scalar_like(0, y))
     if (off, on) != (0, 1):
-        y = ctx.emit("add", ctx.emit("mul", y, _scalar(on - off, y)), _scalar(off, y))
-    axis = _axis(ctx, node, a.get("axis", -1), len(y.shape))
+        y = ctx.emit("add", ctx.emit("mul", y, scalar_like(on - off, y)), scalar_like(off, y))
+    axis = check_axis(ctx, node, a.get("axis", -1), len(y.shape))
     if axis != len(y.shape) - 1:
         perm = list(range(len(y.shape) - 1))
         perm.insert(axis, len(y.shape) - 1)
@@ -499,7 +500,7 @@ def _ex_cross_entropy(ctx, node):
 
 
 def _ex_mse(ctx, node):
-    d = ctx.emit("Sub", _ins(ctx, node))
+    d = ctx.emit("Sub", input_names(ctx, node))
     sq = ctx.emit("Mul", [d, d])
     ctx.emit("ReduceMean", [sq], ctx.name(node.output), keepdims=0)
 
@@ -513,8 +514,8 @@ def _nll(ctx, node, a, logp, labels, weight):
     ignore = a.get("ignore_index")
     keep = None
     if ignore is not None:
-        keep = ctx.emit("ne", labels, _scalar(ignore, labels))
-        labels = ctx.emit("where", keep, labels, _scalar(0, labels))
+        keep = ctx.emit("ne", labels, scalar_like(ignore, labels))
+        labels = ctx.emit("where", keep, labels, scalar_like(0, labels))
     hot = ctx.emit("one_hot", labels, num_classes=n_cls, dtype=logp.dtype)  # (N, d..., C)
     hot = ctx.emit("transpose", hot, axes=(0, r - 1) + tuple(range(1, r - 1)))
     loss = ctx.emit("neg", ctx.emit("sum", ctx.emit("mul", logp, hot), axis=(1,),
@@ -531,7 +532,7 @@ def _nll(ctx, node, a, logp, labels, weight):
     if reduction == "sum":
         return total
     if w is None:
-        return ctx.emit("div", total, _scalar(int(np.prod(loss.shape)), total))
+        return ctx.emit("div", total, scalar_like(int(np.prod(loss.shape)), total))
     return ctx.emit("div", total, ctx.emit("sum", w, axis=tuple(range(len(w.shape))),
                                            keepdims=False))
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ArgumentError, ShapeError
+from ...errors import ArgumentError, ShapeError
 
 #: Integer dtypes a quantised tensor is stored in, narrowest first.
 QUANT_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int32))

@@ -18,11 +18,11 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..engine.numba_cache import CACHE
-from ..engine.tensor import Tensor
-from ..errors import ArgumentError, DTypeError, ShapeError
-from ..nn.layers import BatchNorm2d, Conv2d, Flatten, Linear, Sequential
-from ..nn.module import Parameter
+from ...engine.numba_cache import CACHE
+from ...engine.tensor import Tensor
+from ...errors import ArgumentError, DTypeError, ShapeError
+from ...nn.layers import BatchNorm2d, Conv2d, Flatten, Linear, Sequential
+from ...nn.module import Parameter
 
 
 # --- unstructured magnitude pruning ------------------------------------------------------------

@@ -1,17 +1,18 @@
 """``export_onnx``: a traced function, module or Graph as an ONNX model.
 
 Each node is written by its op's exporter (``Op.onnx.export``, registered in
-:mod:`.onnx_ops`) through an :class:`ExportContext`; an op without one is an error naming the
-node. Constants become initializers, inputs and outputs keep their static shapes.
+:mod:`.ops_elementwise`, :mod:`.ops_shape`, :mod:`.ops_nn`) through an :class:`ExportContext`;
+an op without one is an error naming the node. Constants become initializers, inputs and
+outputs keep their static shapes.
 """
 
 import numpy as np
 
-from ..engine.graph import Graph
-from ..engine.registry import get
-from ..engine.trace import trace
-from ..errors import ArgumentError, GraphError, UnknownNameError
-from . import onnx_ops
+from ...engine.graph import Graph
+from ...engine.registry import get
+from ...engine.trace import trace
+from ...errors import ArgumentError, GraphError, UnknownNameError
+from .mapping import exportable_ops
 
 try:  # an optional dependency (the dev extra): the rest of mlsys_lab.deploy works without it
     import onnx
@@ -159,7 +160,7 @@ def _export_node(ctx, node):
     if mapping is None or mapping.export is None:
         raise UnknownNameError(
             f"export_onnx: {_label(node)}: op {node.op!r} has no ONNX mapping"
-            f"{_reason(mapping)}; ops that export: {', '.join(onnx_ops.exportable_ops())}")
+            f"{_reason(mapping)}; ops that export: {', '.join(exportable_ops())}")
     if len(node.outputs) != 1:
         raise GraphError(f"export_onnx: {_label(node)} has {len(node.outputs)} outputs")
     ctx.node = node

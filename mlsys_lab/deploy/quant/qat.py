@@ -4,14 +4,14 @@ into the same QDQ graph as post-training quantisation."""
 
 from __future__ import annotations
 
-from .. import ops
-from ..engine.trace import trace
-from ..errors import ArgumentError
-from ..nn import Module
-from ..nn.layers import Conv2d, Linear
-from .quant_observers import MinMaxObserver
-from .quant_ops import fake_quant
-from .quant_ptq import fake_quant_to_qdq, quantize_static
+from ... import ops
+from ...engine.trace import trace
+from ...errors import ArgumentError
+from ...nn import Module
+from ...nn.layers import Conv2d, Linear
+from .observers import MinMaxObserver
+from .ops import fake_quant
+from .ptq import fake_quant_to_qdq, quantize_static
 
 
 # --- quantisation-aware training ------------------------------------------------------------

@@ -23,7 +23,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ..engine.numba_cache import CACHE
+from ...engine.numba_cache import CACHE
 
 #: CPU names (as ``NUMBA_CPU_NAME`` gives them) with AVX2 but neither AVX-512 nor AVX-VNNI.
 AVX2_ONLY = frozenset({"haswell", "broadwell", "skylake", "znver1", "znver2", "znver3",

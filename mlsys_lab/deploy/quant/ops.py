@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine import dtypes
-from ..engine.dispatch import apply
-from ..engine.ops_math import ge, le, where
-from ..engine.registry import REGISTRY, AVal, defop
-from ..errors import ArgumentError, DTypeError, ShapeError
-from .quant_params import QParams, along
+from ...engine import dtypes
+from ...engine.dispatch import apply
+from ...engine.ops_math import ge, le, where
+from ...engine.registry import REGISTRY, AVal, defop
+from ...errors import ArgumentError, DTypeError, ShapeError
+from .params import QParams, along
 
 # --- ops: QuantizeLinear / DequantizeLinear ------------------------------------------------------
 #: The integer types a zero point (QuantizeLinear's output, DequantizeLinear's input) may have,

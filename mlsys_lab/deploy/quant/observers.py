@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ArgumentError
-from .quant_params import choose_qparams
+from ...errors import ArgumentError
+from .params import choose_qparams
 
 
 # --- observers ------------------------------------------------------------------------------------

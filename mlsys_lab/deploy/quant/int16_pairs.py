@@ -34,8 +34,8 @@ import platform
 import numpy as np
 from llvmlite import binding as llvm
 
-from ..engine.interpreter import Interpreter
-from ..errors import DTypeError, ShapeError
+from ...engine.interpreter import Interpreter
+from ...errors import DTypeError, ShapeError
 from .int8_kernels import qmm_accumulator, requantize_np
 
 INT16 = np.iinfo(np.int16)

@@ -42,15 +42,15 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..engine.im2col import im2col
-from ..engine.numba_cache import CACHE
-from ..engine.ops_nn import conv_out_size
-from ..engine.passes.rewrite import Rewriter, graph_pass
-from ..engine.registry import REGISTRY, AVal, defop, get, register_impl
-from ..errors import DTypeError, ShapeError
+from ...engine.im2col import im2col
+from ...engine.numba_cache import CACHE
+from ...engine.ops_nn import conv_out_size
+from ...engine.passes.rewrite import Rewriter, graph_pass
+from ...engine.registry import REGISTRY, AVal, defop, get, register_impl
+from ...errors import DTypeError, ShapeError
+from ..passes import sole_user
 from .int8_simd import row_dot
-from .passes import sole_user
-from .quantize import QUANT_DTYPES, along
+from .params import QUANT_DTYPES, along
 
 BYTE_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 ACTIVATIONS = (None, "relu")
@@ -430,7 +430,7 @@ def _match(graph, node, outs):
 def _bias_values(graph, value, node):
     """The float bias (one value per output channel) that ``value`` holds: a constant, or a
     DQ of constants; else None."""
-    from .passes import channel_vector, output_channel_axis
+    from ..passes import channel_vector, output_channel_axis
 
     arr = graph.consts.get(value)
     if arr is None and value.producer is not None and value.producer.op == "dequantize_linear":
