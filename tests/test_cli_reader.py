@@ -74,7 +74,7 @@ def test_readme_setup_runs_as_root_without_sudo(tmp_path, heading):
         assert log[-1] == "venv-mlsys-lab open"
     else:
         assert log[-1].startswith("venv-python -m pytest ")
-        assert log[-1].endswith("--nbval-lax tests chapters solutions")
+        assert log[-1].endswith("--nbval-lax tests chapters")
 
 
 @pytest.mark.parametrize("heading", ["**Open the chapters**", "**Run every test**"])

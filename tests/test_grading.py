@@ -545,10 +545,23 @@ def test_cli_open_launches_jupyter_lab_on_the_start_page(monkeypatch):
 CHAPTER_SETS = sorted(p.name for p in SOLUTIONS.glob("ch*.ipynb") if p.name != "ch00_demo.ipynb")
 
 
+def test_a_cell_that_raises_outside_the_answers_is_noted(tmp_path):
+    """A notebook that grades with no notes ran every cell cleanly: what the full-marks test
+    below relies on, since it is the suite's one run of the solution notebooks."""
+    nb = nbformat.read(DEMO, as_version=4)
+    nb.cells.insert(2, nbformat.v4.new_code_cell("raise ValueError('not an answer')"))
+    path = tmp_path / "ch00_demo.ipynb"
+    nbformat.write(nb, path)
+    report = grade(path, cell_timeout=60, timeout=300)
+    assert report.total == report.max > 0, report.to_table()  # the answers are unaffected
+    assert report.notes == ["cell 3 raised ValueError: not an answer"], report.notes
+
+
 @pytest.mark.parametrize("name", CHAPTER_SETS)
 def test_chapter_solution_full_marks_and_exercise_zero(name, no_leftover_processes):
-    """Every chapter's reference solutions score full marks; its student version scores zero
-    and still runs to the end."""
+    """Every chapter's reference solutions score full marks with every cell run cleanly (no
+    notes); its student version scores zero and still runs to the end. This is the suite's
+    only run of the solution notebooks (nbval runs the chapters, not these)."""
     full = grade(SOLUTIONS / name, cell_timeout=120, timeout=600)
     assert full.total == full.max > 0 and full.notes == [], full.to_table()
     stub = grade(EXERCISES / name, cell_timeout=120, timeout=600)

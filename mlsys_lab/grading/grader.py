@@ -22,7 +22,8 @@ the private copy, but their rows say ``trusted: false``; convert them to probe/j
 
 What can go wrong, and what the grader does:
 
-* an answer raises — the error is noted; the exercise is still checked (its cases fail).
+* an answer raises — the error is noted; the exercise is still checked (its cases fail). Any
+  other cell that raises is noted too (so a notebook that grades with no notes ran cleanly).
 * a cell runs longer than ``cell_timeout`` — nbclient interrupts the kernel (KeyboardInterrupt)
   and the run carries on; if the cell ignores the interrupt, the kernel is killed a few seconds
   later and handled as below. A check that times out scores 0 for that exercise, and so does an
@@ -762,6 +763,8 @@ def _execute_all(run: _Run, steps: list[_Step], outcome: dict[str, str]) -> None
                 outcome.setdefault(answer, f"your answer cell timed out after {limit}")
         elif step.status == "error" and answer:
             run.notes.append(f"answer {answer} ({_cell(step)}) raised {step.error}")
+        elif step.status == "error" and step.kind == "student":  # not an answer: still say so
+            run.notes.append(f"{_cell(step)} raised {step.error}")
         elif step.status == "died":
             run.notes.append(f"the kernel died in {_cell(step)}")
             run.stop_kernel()
