@@ -1244,7 +1244,7 @@ spec("rng_seed", untestable="random, no inputs: checked for fresh and reproducib
      no_grad="integer seed output")
 
 
-# --- deployment: quantisation ops (mlsys_lab.deploy.quantize and .int8_kernels) ----------------
+# --- deployment: quantisation ops (mlsys_lab.deploy.quant and quant.int8_kernels) ----------------
 
 U8, I32 = np.dtype(np.uint8), np.dtype(np.int32)
 _INT8_OPS = "integer (quantised) result: QAT differentiates fake_quant (straight-through) instead"

@@ -16,7 +16,8 @@ Callers: the reference kernels of ``conv2d``, its two gradients and the pooling 
 (:mod:`.ops_nn`), the channels-last ops (:mod:`.passes.layout_ops`), the teaching kernels of
 :mod:`mlsys_lab.kernels.conv`, the strided path of the compiled convolution
 (:mod:`mlsys_lab.kernels.conv_gemm`, whose stride-1 path copies whole padded rows instead, and
-whose col2im is a Numba loop) and the int8 convolution (:mod:`mlsys_lab.deploy.int8_kernels`,
+whose col2im is a Numba loop) and the int8 convolution
+(:mod:`mlsys_lab.deploy.quant.int8_kernels`,
 which pads with the input's zero point).
 """
 

@@ -103,7 +103,7 @@ class Op:
             cast, ...), so it takes the storage dtypes (bfloat16, float8, int4, ...,
             :data:`~mlsys_lab.engine.dtypes.STORAGE`); every other op refuses them.
         onnx: the op's ONNX mapping (how a node of it exports, which ONNX op types import to
-            it), set by ``mlsys_lab.deploy.onnx_ops.register_onnx``; None: no mapping. The
+            it), set by ``mlsys_lab.deploy.onnx.register_onnx``; None: no mapping. The
             engine never reads it (the deploy layer does).
     """
 

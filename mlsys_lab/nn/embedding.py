@@ -9,7 +9,7 @@ from ..engine.tensor import Tensor
 from ..errors import ArgumentError, DTypeError, RankError
 from ..kernels import embedding as _kernels  # noqa: F401 - registers the embedding-bag kernel
 from . import init
-from . import layers as _layers
+from .layers import check_sizes
 from .module import Module, Parameter
 
 
@@ -19,7 +19,7 @@ def _flag(layer, value, name="sparse"):
     return bool(value)
 
 
-class Embedding(_layers.Embedding):
+class Embedding(Module):
     """A lookup table: integer ids of any shape -> rows of ``weight`` (``(*ids.shape, dim)``).
 
     Args:
@@ -35,7 +35,9 @@ class Embedding(_layers.Embedding):
     """
 
     def __init__(self, num_embeddings, embedding_dim, rng=None, sparse=False):
-        super().__init__(num_embeddings, embedding_dim, rng)
+        super().__init__()
+        check_sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
+        self.weight = Parameter(init.normal((num_embeddings, embedding_dim), rng, std=1.0))
         self.sparse = _flag("Embedding", sparse)
 
     def forward(self, ids):
@@ -66,7 +68,7 @@ class EmbeddingBag(Module):
     def __init__(self, num_embeddings, embedding_dim, mode="mean", sparse=False, rng=None,
                  weight=None, include_last_offset=False):
         super().__init__()
-        _layers._check_sizes("EmbeddingBag", num_embeddings=num_embeddings,
+        check_sizes("EmbeddingBag", num_embeddings=num_embeddings,
                              embedding_dim=embedding_dim)
         if mode not in MODES:
             raise ArgumentError(f"EmbeddingBag: mode must be one of {MODES}, got {mode!r}")

@@ -10,7 +10,7 @@ from . import init
 from .module import Module, Parameter
 
 
-def _check_sizes(layer, positive=False, **sizes):
+def check_sizes(layer, positive=False, **sizes):
     """Refuse a layer size that is not a non-negative (or, with ``positive``, positive) int."""
     for name, n in sizes.items():
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) \
@@ -29,7 +29,7 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, rng=None):
         super().__init__()
-        _check_sizes("Linear", in_features=in_features, out_features=out_features)
+        check_sizes("Linear", in_features=in_features, out_features=out_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(init.kaiming_uniform((in_features, out_features), rng,
                                                      gain=1.0))
@@ -63,10 +63,10 @@ class Conv2d(Module):
                  rng=None, dilation=1, groups=1):
         super().__init__()
         k = (kernel_size, kernel_size) if np.isscalar(kernel_size) else tuple(kernel_size)
-        _check_sizes("Conv2d", in_channels=in_channels, out_channels=out_channels)
+        check_sizes("Conv2d", in_channels=in_channels, out_channels=out_channels)
         if len(k) != 2:
             raise ShapeError(f"Conv2d: kernel_size must be an int or a pair, got {kernel_size!r}")
-        _check_sizes("Conv2d", positive=True, kernel_height=k[0], kernel_width=k[1],
+        check_sizes("Conv2d", positive=True, kernel_height=k[0], kernel_width=k[1],
                      groups=groups)
         if in_channels % groups or out_channels % groups:
             raise ShapeError(f"Conv2d: in_channels ({in_channels}) and out_channels "
@@ -94,7 +94,7 @@ class BatchNorm2d(Module):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1):
         super().__init__()
-        _check_sizes("BatchNorm2d", num_features=num_features)
+        check_sizes("BatchNorm2d", num_features=num_features)
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Parameter(init.ones((num_features,)))
         self.bias = Parameter(init.zeros((num_features,)))
@@ -135,25 +135,13 @@ class LayerNorm(Module):
         super().__init__()
         if isinstance(normalized_shape, (tuple, list)) and len(normalized_shape) == 1:
             normalized_shape = normalized_shape[0]  # the last axis only, as (n,) or n
-        _check_sizes("LayerNorm", normalized_shape=normalized_shape)
+        check_sizes("LayerNorm", normalized_shape=normalized_shape)
         self.eps = eps
         self.weight = Parameter(init.ones((normalized_shape,)))
         self.bias = Parameter(init.zeros((normalized_shape,)))
 
     def forward(self, x):
         return ops.layer_norm(x, self.weight, self.bias, self.eps)
-
-
-class Embedding(Module):
-    """A lookup table: integer ids -> rows of ``weight``."""
-
-    def __init__(self, num_embeddings, embedding_dim, rng=None):
-        super().__init__()
-        _check_sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
-        self.weight = Parameter(init.normal((num_embeddings, embedding_dim), rng, std=1.0))
-
-    def forward(self, ids):
-        return ops.take(self.weight, ids, axis=0)
 
 
 class ReLU(Module):
@@ -251,6 +239,6 @@ cross_entropy = ops.cross_entropy
 mse_loss = ops.mse_loss
 
 
-__all__ = ["Linear", "Conv2d", "BatchNorm2d", "LayerNorm", "Embedding", "ReLU", "Tanh",
+__all__ = ["Linear", "Conv2d", "BatchNorm2d", "LayerNorm", "ReLU", "Tanh",
            "Sigmoid", "Dropout", "Flatten", "MaxPool2d", "AvgPool2d", "Sequential",
            "cross_entropy", "mse_loss"]
