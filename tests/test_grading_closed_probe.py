@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import linecache
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -361,3 +362,20 @@ def test_a_package_outside_the_allowlist_scores_zero_under_the_grader(tmp_path):
     assert points == {"0.1": 3, "0.2": 5, "0.3": 1}, report.to_table()  # only mean([]) passes
     row = next(r for r in report.rows if r.exercise == "0.3")
     assert "`concurrent.futures`" in row.feedback and "off limits" in row.feedback, row.feedback
+
+
+def test_library_code_is_recognised_whatever_the_hash_seed():
+    """A module's ``__pycache__`` is written by another process than the kernel: the comparison
+    with its file must not depend on the string hash seed (a frozenset constant, ``x in {...}``,
+    iterates in a seed-dependent order)."""
+    import subprocess
+
+    probe = ("import sys; sys.path.insert(0, %r)\n"
+             "from mlsys_lab.grading import guard\n"
+             "c = compile('def f(x):\\n    return x in {\"alpha\", \"beta\", \"gamma\", \"delta\", "
+             "\"eps\"}\\n', 'm.py', 'exec')\n"
+             "print(repr(guard._exact(c)))\n") % str(Path(__file__).resolve().parents[1])
+    seen = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2")}
+    assert len(seen) == 1, seen
