@@ -40,6 +40,8 @@ import sys
 from typing import Any
 
 from mlsys_lab.grading.exercise import (  # noqa: F401 - the exercise records are public here too
+    CLOSED_BASE,
+    DEFAULT_ALLOWED,
     EXERCISES,
     MARKER,
     Case,
@@ -66,7 +68,9 @@ from mlsys_lab.grading.probe import run_exercise
 from mlsys_lab.grading.wire import Opaque, Raised, raised  # noqa: F401 - public here too
 
 __all__ = [
+    "CLOSED_BASE",
     "Case",
+    "DEFAULT_ALLOWED",
     "attempt",
     "CaseResult",
     "CheckResult",
