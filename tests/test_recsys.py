@@ -198,13 +198,13 @@ def test_replicating_hot_keys_spreads_their_load():
 # --- funnel and updates ------------------------------------------------------------------
 def test_pipeline_keeps_the_best_and_cuts_a_stage_to_its_budget():
     value = np.random.default_rng(0).permutation(1000).astype(float)
-    stages = [rs.Stage("retrieval", lambda u, c: value[c], keep=200, cost_per_item=1e-6,
+    stages = [rs.FunnelStage("retrieval", lambda u, c: value[c], keep=200, cost_per_item=1e-6,
                        budget=5e-3),
-              rs.Stage("ranking", lambda u, c: -c, keep=20, cost_per_item=1e-4, budget=1e-2,
+              rs.FunnelStage("ranking", lambda u, c: -c, keep=20, cost_per_item=1e-4, budget=1e-2,
                        fixed_cost=2e-3),
-              rs.Stage("re-ranking", lambda u, c: c % 7, keep=5, cost_per_item=1e-5,
+              rs.FunnelStage("re-ranking", lambda u, c: c % 7, keep=5, cost_per_item=1e-5,
                        budget=1e-3)]
-    final, reports = rs.MultiStagePipeline(stages).run(0, np.arange(1000))
+    final, reports = rs.Funnel(stages).run(0, np.arange(1000))
     top200 = np.argsort(-value)[:200]
     scored = top200[:80]  # (10 ms - 2 ms) / 0.1 ms = 80 of the 200 retrieved fit
     ranked = scored[np.argsort(scored, kind="stable")[:20]]

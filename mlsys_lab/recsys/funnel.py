@@ -1,5 +1,5 @@
-"""Multi-stage recommendation: retrieval -> ranking -> re-ranking, each stage with a latency
-budget. Latency is a cost model (fixed cost plus cost per candidate scored), so it is
+"""The multi-stage recommendation funnel: retrieval -> ranking -> re-ranking, each stage
+with a latency budget. Latency is a cost model (fixed cost plus cost per candidate scored), so it is
 deterministic; a stage whose candidates would overrun its budget scores only as many of the
 previous stage's best as fit, and says so."""
 
@@ -12,7 +12,7 @@ from ..errors import ArgumentError
 
 
 @dataclass
-class Stage:
+class FunnelStage:
     """One stage of the funnel.
 
     Attributes:
@@ -54,7 +54,7 @@ class StageReport:
         return self.scored < self.candidates
 
 
-class MultiStagePipeline:
+class Funnel:
     """Stages applied in order to a candidate set that starts as every item.
 
     Raises:
@@ -63,10 +63,10 @@ class MultiStagePipeline:
 
     def __init__(self, stages):
         if not stages:
-            raise ArgumentError("MultiStagePipeline: needs at least one stage")
+            raise ArgumentError("Funnel: needs at least one stage")
         for s in stages:
             if s.keep < 1:
-                raise ArgumentError(f"MultiStagePipeline: stage {s.name!r} keeps {s.keep} items")
+                raise ArgumentError(f"Funnel: stage {s.name!r} keeps {s.keep} items")
         self.stages = list(stages)
 
     def run(self, user, candidates):
@@ -98,4 +98,4 @@ def report_table(reports):
     return "\n".join(lines)
 
 
-__all__ = ["Stage", "StageReport", "MultiStagePipeline", "report_table"]
+__all__ = ["FunnelStage", "StageReport", "Funnel", "report_table"]
