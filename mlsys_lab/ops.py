@@ -6,6 +6,7 @@ way.
 """
 
 from .engine.control import cond
+from .engine.ops_embedding import embedding, embedding_bag  # noqa: F401 - registers the ops
 from .engine.ops_math import (
                               abs,
                               add,
@@ -67,7 +68,6 @@ from .engine.ops_shape import (
                               take,
                               transpose,
 )
-from .engine.ops_sparse import embedding, embedding_bag  # noqa: F401 - registers the ops
 
 __all__ = [
     "abs", "add", "argmax", "avg_pool2d", "batch_norm", "broadcast_to", "cast", "concatenate",

@@ -1773,7 +1773,7 @@ def check_dropout(path, p=0.4, n=(40, 50), seed=5):
     return value, g
 
 
-# --- embedding bags (mlsys_lab/engine/ops_sparse.py) -------------------------------------------
+# --- embedding bags (mlsys_lab/engine/ops_embedding.py) ----------------------------------------
 def _bag_ref(w, ids, offsets, mode, psw=None):
     ends = list(offsets[1:]) + [len(ids)]
     out = np.zeros((len(offsets), w.shape[1]))

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mlsys_lab as ml
-from mlsys_lab.engine import ops_sparse
+from mlsys_lab.engine import ops_embedding
 from mlsys_lab.engine.registry import get
 from mlsys_lab.engine.sparse import RowSparse, unique_first_seen
 from mlsys_lab.errors import ArgumentError, DTypeError, RankError
@@ -168,7 +168,7 @@ def test_sparse_gradient_merges_rows_like_the_dense_one(ids, mode):
     offsets = np.sort(r.integers(0, len(ids) + 1, 4))
     offsets[0] = 0
     g = r.standard_normal((4, 3)).astype(np.float32)
-    sp = ops_sparse.sparse_bag_grad(g, ids, offsets, 41, mode)
+    sp = ops_embedding.sparse_bag_grad(g, ids, offsets, 41, mode)
     _, first = np.unique(ids, return_index=True)
     np.testing.assert_array_equal(sp.indices, ids[np.sort(first)])
     dense = get("embedding_bag_grad").compute(g, ids, offsets, num_rows=41, mode=mode)

@@ -121,9 +121,9 @@ def test_sparse_grad_library_is_refused():
 
 def through_the_fast_kernels(ids, offsets, grad_out, num_rows, mode):
     """The library's hash-merged backward (or its pieces): refused like the op itself."""
-    from mlsys_lab.engine import ops_sparse
+    from mlsys_lab.engine import ops_embedding
 
-    r = ops_sparse.sparse_bag_grad(np.asarray(grad_out), np.asarray(ids, np.int64),
+    r = ops_embedding.sparse_bag_grad(np.asarray(grad_out), np.asarray(ids, np.int64),
                                    np.asarray(offsets, np.int64), num_rows, mode)
     order = np.argsort(r.indices)
     return r.indices[order], r.values[order]

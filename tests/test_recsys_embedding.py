@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mlsys_lab as ml
-from mlsys_lab.distributed.sparse import RowSparse as DistRowSparse
-from mlsys_lab.engine import ops_sparse
+from mlsys_lab.distributed import RowSparse as DistRowSparse
+from mlsys_lab.engine import ops_embedding
 from mlsys_lab.engine.sparse import RowSparse
 from mlsys_lab.errors import ArgumentError, DTypeError, RankError
 
@@ -384,7 +384,7 @@ def test_int32_ids_in_layers_compiled_graphs_and_optimisers():
     g = ml.grad(lambda t: ml.ops.embedding_bag(t, np.array([3, 3], np.int32),
                                                np.array([0], np.int32), "sum", True).sum())(w)
     np.testing.assert_array_equal(np.asarray(g), [[0, 0], [0, 0], [0, 0], [2, 2], [0, 0]])
-    dense_grad = ops_sparse.embedding_bag_grad(ml.tensor(np.ones((1, 2), np.float32)),
+    dense_grad = ops_embedding.embedding_bag_grad(ml.tensor(np.ones((1, 2), np.float32)),
                                                np.array([0, 2, 2], np.int32),
                                                np.array([0], np.int32), 3)
     np.testing.assert_array_equal(dense_grad.numpy(), [[1, 1], [0, 0], [2, 2]])
@@ -462,14 +462,14 @@ def test_dense_embedding_refuses_ids_outside_the_table_eager_traced_and_compiled
     with pytest.raises(ArgumentError, match=msg):
         ml.nn.Embedding(5, 2, rng=0, sparse=True)(ids)  # the sparse path, as before
     with pytest.raises(ArgumentError, match=msg):
-        ops_sparse.embedding(e.weight, ids.astype(np.int32))
+        ops_embedding.embedding(e.weight, ids.astype(np.int32))
     fwd = ml.compile(lambda i: e(i) * 2.0, np.zeros((2, 2), np.int64))
     np.testing.assert_array_equal(fwd(np.array([[4, 0], [1, 1]])),
                                   2.0 * e.weight.numpy()[[[4, 0], [1, 1]]])
     with pytest.raises(ArgumentError, match=msg):
         fwd(ids)
     w0 = e.weight.numpy()
-    grad = ml.grad(lambda w, i: ops_sparse.embedding(w, i).sum())
+    grad = ml.grad(lambda w, i: ops_embedding.embedding(w, i).sum())
     with pytest.raises(ArgumentError, match=msg):
         grad(w0, ids)
     compiled_grad = ml.compile(grad, w0, np.zeros((2, 2), np.int64))
@@ -486,7 +486,7 @@ def test_dense_embedding_values_and_gradients_and_take_keeps_numpys_semantics():
     ids = np.array([[5, 0, 5], [2, 2, 5]])
     for dtype in (np.int32, np.int64, np.uint8):
         w = ml.tensor(w0, requires_grad=True)
-        y = ops_sparse.embedding(w, ids.astype(dtype))
+        y = ops_embedding.embedding(w, ids.astype(dtype))
         np.testing.assert_array_equal(y.numpy(), w0[ids])
         (y * ml.tensor(gout)).sum().backward()
         want = np.zeros_like(w0)
@@ -497,7 +497,7 @@ def test_dense_embedding_values_and_gradients_and_take_keeps_numpys_semantics():
     with pytest.raises(DTypeError, match="embedding: ids must be integers"):
         e(np.array([0.5]))
     with pytest.raises(RankError, match="embedding: weight must be 2-D"):
-        ops_sparse.embedding(ml.tensor(np.ones(3)), np.array([0]))
+        ops_embedding.embedding(ml.tensor(np.ones(3)), np.array([0]))
     # ops.take is not embedding: it keeps numpy's (and torch.take's) negative indices
     np.testing.assert_array_equal(ml.ops.take(ml.tensor(w0), np.array([-1]), axis=0).numpy(),
                                   w0[[-1]])

@@ -4,7 +4,7 @@ An embedding lookup reads a handful of rows of a huge table, so its gradient is 
 except in those rows. ``RowSparse`` stores only the touched rows (``indices``) and their values,
 which is what a parameter server moves over the network instead of the dense table, and what
 the tape hands to ``.grad`` for a table looked up with ``sparse=True``
-(:mod:`.ops_sparse`). Optimisers that understand it update only those rows.
+(:mod:`.ops_embedding`). Optimisers that understand it update only those rows.
 """
 
 import threading

@@ -312,15 +312,7 @@ register(
         target="sparse_embedding_grad",
         task="the row-sparse embedding-bag gradient",
         forbidden=(
-            "mlsys_lab.engine.ops_sparse:embedding_bag",
-            "mlsys_lab.engine.ops_sparse:embedding_bag_grad",
-            "mlsys_lab.engine.ops_sparse:embedding_lookup",
-            "mlsys_lab.engine.ops_sparse:_per_id_grad",
-            "mlsys_lab.engine.ops_sparse:_grad_compute",
-            "mlsys_lab.engine.ops_sparse:_bag_vjp",
-            "mlsys_lab.engine.ops_sparse:bag_segments",
-            "mlsys_lab.engine.ops_sparse:sparse_bag_grad",
-            "mlsys_lab.engine.ops_sparse:_merge_bag_grad",
+            "mlsys_lab.engine.ops_embedding",  # every function of the embedding ops
             "mlsys_lab.engine.sparse:RowSparse.merged",
             "mlsys_lab.engine.sparse:unique_first_seen",
             "mlsys_lab.engine.sparse:RowSparse.coalesce",

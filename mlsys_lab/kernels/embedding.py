@@ -26,7 +26,7 @@ import math
 import numba
 import numpy as np
 
-from ..engine import ops_sparse
+from ..engine import ops_embedding
 from ..engine.numba_cache import CACHE
 from ..engine.registry import register_impl
 from ..engine.sparse import PREFETCH_DISTANCE
@@ -106,8 +106,8 @@ def embedding_bag_out(out, w, ids, offsets, *psw, mode, sparse):
     weights = psw[0] if psw else np.zeros(0, w.dtype)
     if w.shape[1] == 0 or _pool_kernel(w, ids, offsets, weights, bool(psw), mode == "mean",
                                        out, np.empty(1, out.dtype)):
-        ops_sparse.check_offsets(ids, offsets)  # the reference's checks word the error
-        ops_sparse.check_range("embedding_bag", ids, w.shape[0])
+        ops_embedding.check_offsets(ids, offsets)  # the reference's checks word the error
+        ops_embedding.check_range("embedding_bag", ids, w.shape[0])
         out[...] = 0
 
 

@@ -4,7 +4,7 @@
 import numpy as np
 
 from .. import ops
-from ..engine.ops_sparse import MODES, embedding, embedding_bag, embedding_lookup
+from ..engine.ops_embedding import MODES, embedding, embedding_bag, embedding_lookup
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, DTypeError, RankError
 from ..kernels import embedding as _kernels  # noqa: F401 - registers the embedding-bag kernel
