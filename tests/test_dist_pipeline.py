@@ -186,7 +186,7 @@ def _cluster(p):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("recompute", [False, True])
 def test_pipeline_on_simulator_equals_single_device(name, recompute):
-    from mlsys_lab.distributed.data_parallel import single_device_train
+    from mlsys_lab.distributed.parallel.data_parallel import single_device_train
 
     p, m = 4, 8
     model, data, opt, loss = _pipeline_setup(p)

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from mlsys_lab.distributed import collectives as coll
 from mlsys_lab.distributed import cost, sim
 from mlsys_lab.distributed.comm import DeadlockError
-from mlsys_lab.distributed.sim_network import max_min_rates
-from mlsys_lab.distributed.topology import Topology
+from mlsys_lab.distributed.sim.network import max_min_rates
+from mlsys_lab.distributed.sim.topology import Topology
 from mlsys_lab.errors import ArgumentError
 
 A, B = 5e-6, 1 / 25e9

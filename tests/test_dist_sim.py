@@ -6,7 +6,7 @@ import heapq
 import numpy as np
 import pytest
 
-from mlsys_lab.distributed import sim, sim_batch, sim_engine
+from mlsys_lab.distributed import sim
 from mlsys_lab.distributed.collectives import allreduce
 from mlsys_lab.distributed.comm import (
     CommTimeoutError,
@@ -14,6 +14,8 @@ from mlsys_lab.distributed.comm import (
     DeviceFailure,
     LinkFailure,
 )
+from mlsys_lab.distributed.sim import batch as sim_batch
+from mlsys_lab.distributed.sim import engine as sim_engine
 from mlsys_lab.errors import ArgumentError, DTypeError, ShapeError
 
 A, B = 5e-6, 1 / 25e9
@@ -388,7 +390,7 @@ def test_background_tasks_run_beside_the_foreground_and_wait_gives_their_value()
 
 def every_request(comm, from_form):
     """One request of every kind, asked with ``yield`` or (``from_form``) ``yield from``."""
-    from mlsys_lab.distributed.collective_allreduce import _ring_allreduce, ring_plan
+    from mlsys_lab.distributed.collectives.all_reduce import ring_allreduce, ring_plan
 
     def ask(request):
         if from_form:
@@ -418,7 +420,7 @@ def every_request(comm, from_form):
     task = yield from ask(comm.start(allreduce(comm.dup(), np.full(2, r + 1.0))))
     got["wait"] = yield from ask(comm.wait(task))
     x = np.arange(5.0) * (r + 1)
-    flow = _ring_allreduce(comm, x, np.add, "every_request")
+    flow = ring_allreduce(comm, x, np.add, "every_request")
     got["batched"] = yield from ask(comm.batched("allreduce/ring", x, "sum", flow, ring_plan))
     sub = comm.sub([q for q in range(p) if q % 2 == r % 2])
     got["sub"] = yield from ask(sub.sendrecv(np.array(r), (sub.rank + 1) % sub.size,

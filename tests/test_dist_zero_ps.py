@@ -5,8 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlsys_lab.distributed import zero
-from mlsys_lab.distributed.sparse import RowSparse
+from mlsys_lab.distributed import RowSparse, zero
 from mlsys_lab.errors import ArgumentError, DTypeError, ShapeError
 
 GB = 1e9

@@ -129,7 +129,7 @@ def test_shape_rule_agrees_with_the_kernel_on_perturbed_inputs(case):
 #: op names is a second source of per-op facts.
 ALLOWED = {
     "engine/registry.py": "the registry itself",
-    "distributed/collective_common.py": "MPI's reduction operators (sum, prod, max, min), not ops",
+    "distributed/collectives/common.py": "MPI's reduction operators (sum, prod, max, min), not ops",
     "distributed/mpi.py": "the same reduction operators mapped to MPI.SUM, ...",
 }
 

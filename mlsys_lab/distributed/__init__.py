@@ -4,10 +4,18 @@
     cluster = sim.Cluster(sim.ring(8))
     res = sim.run(cluster, lambda comm, x: collectives.allreduce(comm, x), args=...)
 
-``mpi`` (the MPI backend) is imported on demand: it needs mpi4py.
+Folders are concepts (``README.md`` maps each to its module and the book's section):
+``sim/`` the discrete-event simulator (its public face in ``sim/__init__.py``, the event loop,
+link sharing, the batched ring, the cluster's topology), ``collectives/`` the collectives and
+their alpha-beta cost model, ``parallel/`` data / tensor / pipeline parallelism, ZeRO, the
+device mesh and checkpoint-restart, ``ps/`` the parameter server; ``comm.py`` is the contract
+both backends implement and ``mpi.py`` the MPI backend (imported on demand: it needs mpi4py).
+The modules notebooks use keep their names here: ``sim``, ``collectives``, ``cost``,
+``topology``, ``data_parallel``, ``tensor_parallel``, ``pipeline_parallel``, ``zero``, ``mesh``,
+``faults``, ``param_server``.
 """
 
-from . import collectives, cost, sim, topology
+from . import collectives, sim
 from .collectives import (
     allgather,
     allreduce,
@@ -15,6 +23,7 @@ from .collectives import (
     barrier,
     block_bounds,
     broadcast,
+    cost,
     gather,
     reduce,
     reduce_scatter,
@@ -28,7 +37,7 @@ from .comm import (
     DeviceFailure,
     LinkFailure,
 )
-from .sim import Cluster, SymbolicArray, run
+from .sim import Cluster, SymbolicArray, run, topology
 
 __all__ = [
     "Cluster", "CommError", "CommTimeoutError", "Communicator", "DeadlockError", "DeviceFailure",
@@ -38,19 +47,18 @@ __all__ = [
 ]
 
 # Parallel training on the simulator (or MPI): data / tensor / pipeline parallel, a device mesh,
-# ZeRO, a parameter server, fault injection with checkpoint-restart, row-sparse gradients.
-from . import (  # noqa: E402
+# ZeRO, fault injection with checkpoint-restart; the parameter server with row-sparse gradients.
+from . import parallel, ps  # noqa: E402
+from .parallel import (  # noqa: E402
+    DeviceMesh,
     data_parallel,
     faults,
     mesh,
-    param_server,
     pipeline_parallel,
-    sparse,
     tensor_parallel,
     zero,
 )
-from .mesh import DeviceMesh  # noqa: E402
-from .sparse import RowSparse  # noqa: E402
+from .ps import RowSparse, param_server  # noqa: E402
 
 __all__ += ["DeviceMesh", "RowSparse", "data_parallel", "faults", "mesh", "param_server",
-            "pipeline_parallel", "sparse", "tensor_parallel", "zero"]
+            "parallel", "pipeline_parallel", "ps", "tensor_parallel", "zero"]

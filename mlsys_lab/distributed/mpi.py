@@ -403,7 +403,7 @@ def benchmark(kind="allreduce", algo="ring", nbytes=2**20, dtype="float32", op="
               root=0, comm=None):
     """Run ``kind`` by ``algo`` and by MPI on this process's communicator; return a dict with
     the max difference, both times and nccl-tests' algbw/busbw (same on every rank)."""
-    from . import cost
+    from .collectives import cost
 
     comm = world() if comm is None else comm
     dtype = np.dtype(dtype)

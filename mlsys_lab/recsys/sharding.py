@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..distributed import sim
-from ..distributed.cost import collective_time
+from ..distributed.collectives.cost import collective_time
 from ..engine.sparse import RowSparse
 from ..errors import ArgumentError, ShapeError
 

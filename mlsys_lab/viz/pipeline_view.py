@@ -14,7 +14,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.colors import to_rgb
 
-from ..distributed import pipeline_parallel as pp
+from ..distributed.parallel import pipeline_parallel as pp
 from ..errors import ArgumentError
 from .collective_view import png_bytes, want_live
 from .timeline_view import _hex, timeline_model, timeline_view
@@ -125,7 +125,7 @@ def pipeline_model(p=4, m=8, schedules=("gpipe", "1f1b"), t_forward=1.0, t_backw
     ``recompute``."""
     import matplotlib.pyplot as plt
 
-    from ..distributed import pipeline_parallel as pp
+    from ..distributed.parallel import pipeline_parallel as pp
 
     colours = plt.get_cmap("tab20")
     styles, style_of, lanes, groups, bars = [], {}, [], [], []

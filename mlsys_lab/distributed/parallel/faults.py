@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..data.sampler import BatchSampler, RandomSampler
-from ..engine.ops_nn import get_rng_state
-from ..engine.ops_nn import set_rng_state as set_rng_state_of_dropout
-from ..engine.tensor import Tensor, no_grad
-from ..errors import ArgumentError, CheckpointError
-from ..nn.checkpoint import load, save
-from . import sim
-from .comm import DeviceFailure, LinkFailure
+from ...data.loader.sampler import BatchSampler, RandomSampler
+from ...engine.ops_nn import get_rng_state
+from ...engine.ops_nn import set_rng_state as set_rng_state_of_dropout
+from ...engine.tensor import Tensor, no_grad
+from ...errors import ArgumentError, CheckpointError
+from ...nn.checkpoint import load, save
+from .. import sim
+from ..comm import DeviceFailure, LinkFailure
 from .data_parallel import allreduce_gradients, make_buckets, shard
 
 

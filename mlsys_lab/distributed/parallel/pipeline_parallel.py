@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.autodiff import tape_order
-from ..engine.tensor import Tensor, no_grad
-from ..errors import ArgumentError, DTypeError, UnknownNameError
-from ..nn.layers import Sequential
-from . import sim
+from ...engine.autodiff import tape_order
+from ...engine.tensor import Tensor, no_grad
+from ...errors import ArgumentError, DTypeError, UnknownNameError
+from ...nn.layers import Sequential
+from .. import sim
 
 FORWARD, BACKWARD = "F", "B"
 

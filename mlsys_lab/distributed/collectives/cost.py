@@ -15,7 +15,7 @@ The formulas are exact in the simulator's model when ``n`` divides evenly, ``p``
 two where the algorithm folds (recursive doubling, Rabenseifner, halving) and no two concurrent
 messages share a link direction: the ring algorithms on a ring, the others on a fully connected
 topology. ``tree`` and ``double_tree`` use the depth of the trees
-:func:`.collectives.tree_links` builds. With ``gamma > 0`` the binomial reduce's
+:func:`.trees.tree_links` builds. With ``gamma > 0`` the binomial reduce's
 ``ceil(log2 p) (alpha + n beta + n gamma)`` is exact for ``p`` a power of two (otherwise a
 bound: a rank's combine can overlap a later child's message), and the pipelined trees have no
 closed form (a node's combine overlaps its children's next sends, so how much of it shows
@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ArgumentError
-from .collectives import ALGORITHMS, tree_links
+from ...errors import ArgumentError
+from .common import ALGORITHMS
+from .trees import tree_links
 
 __all__ = ["BUS_FACTOR", "algbw", "best_algorithm", "busbw", "collective_time"]
 
@@ -78,7 +79,7 @@ def _tree_time(p, n, alpha, beta, algo, segments, gamma=0.0):
 
 
 def _tree_schedule(trees, k, height, depth, step, combine):
-    """The pipelined tree all-reduce's critical path (``collective_trees._tree_allreduce``'s
+    """The pipelined tree all-reduce's critical path (``trees.tree_allreduce``'s
     steps): in each step a rank posts its sends and receives together; they are done once its
     own messages have arrived (``step`` after it posted) and the ones it receives have (``step``
     after their sender posted them, maybe in an earlier step); going up it then combines what

@@ -3,9 +3,9 @@ row-sparse gradients, in synchronous, asynchronous or bounded-staleness mode.
 
 Servers and workers are devices of a simulator topology (``sim.fully_connected`` etc.):
 servers are ranks ``0 .. S-1``, workers ``S .. S+W-1``. Messages cost what they cost in
-:mod:`.sim` (route latency plus bytes at the bottleneck's rate, links FIFO), and compute costs
+:mod:`..sim` (route latency plus bytes at the bottleneck's rate, links FIFO), and compute costs
 ``flops / device.flops``, so a straggler is a slower device (``topology.set_device``). Servers
-and workers are rank programs run by :func:`.sim.run`: a server answers whichever message comes
+and workers are rank programs run by :func:`..sim.run`: a server answers whichever message comes
 first (``comm.recv_any``), charging a service time per message; messages are int64 words
 (a header, keys, values). The table lives in one array that each server writes only at its own
 keys (so the loss curve can be read off at every update); workers see values only through
@@ -22,11 +22,12 @@ Modes:
   when every worker has pushed ``c - s`` steps (no worker runs more than ``s`` steps ahead of
   the slowest).
 
-Only rows a batch touches move (:class:`~.sparse.RowSparse`); ``replicate_hot=h`` keeps the
-``h`` most frequently touched keys on every server: pulls of a hot key go to the worker's own
-replica; the key's home server applies the update and refreshes the replicas (sync: once per
-version, and a pull waits until its replica has that version; async/ssp: after every update
-that touched them, so a replica may lag by the refresh's flight time).
+Only rows a batch touches move (:class:`~mlsys_lab.engine.sparse.RowSparse`);
+``replicate_hot=h`` keeps the ``h`` most frequently touched keys on every server: pulls of a
+hot key go to the worker's own replica; the key's home server applies the update and refreshes
+the replicas (sync: once per version, and a pull waits until its replica has that version;
+async/ssp: after every update that touched them, so a replica may lag by the refresh's flight
+time).
 """
 
 import math
@@ -34,10 +35,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ArgumentError
-from . import sim
-from .comm import DeadlockError
-from .sparse import RowSparse
+from ...engine.sparse import RowSparse
+from ...errors import ArgumentError
+from .. import sim
+from ..comm import DeadlockError
 
 KEY_BYTES = 8
 HEADER_WORDS = 3  # int64 words: kind, version, steps done / clock
@@ -132,7 +133,7 @@ class ParameterServer:
 
     Args:
         problem: e.g. :class:`SparseRegression` (``keys``, ``gradient``, ``loss``).
-        topology: a :mod:`.topology` topology with ``num_servers + num_workers`` devices.
+        topology: a :mod:`..sim.topology` topology with ``num_servers + num_workers`` devices.
         mode: "sync", "async" or "ssp".
         lr: step size on the mean gradient of one round of W workers.
         staleness: the bound ``s`` for "ssp".
@@ -190,7 +191,7 @@ class ParameterServer:
 
     # -- run ----------------------------------------------------------------------------------
     def run(self):
-        """Simulate the job on :func:`.sim.run`; returns a :class:`PSResult`."""
+        """Simulate the job on :func:`..sim.run`; returns a :class:`PSResult`."""
         n, S, W = self.problem.num_features, self.S, self.W
         self.w = np.zeros(n)
         self.curve, self.updates, self.dropped = [(0.0, self.problem.loss(self.w))], 0, 0

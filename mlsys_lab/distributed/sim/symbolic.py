@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ArgumentError, ShapeError
+from ...errors import ArgumentError, ShapeError
 
 __all__ = ["SymbolicArray"]
 

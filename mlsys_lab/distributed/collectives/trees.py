@@ -3,7 +3,7 @@ tree of the rooted collectives, and the pipelined tree all-reduce."""
 
 from __future__ import annotations
 
-from .collective_common import TAG, TAG_B, _charge, _combine, _concat, _exchange, block_bounds
+from .common import TAG, TAG_B, block_bounds, charge, combine, concat, exchange
 
 
 def _btree(p):
@@ -32,7 +32,7 @@ def _btree(p):
     return parent, children, root - 1
 
 
-def _trees(p, count):
+def complementary_trees(p, count):
     """One tree, or two complementary ones (mirrored for even ``p``, shifted for odd)."""
     parent, children, root = _btree(p)
     trees = [(parent, children, root)]
@@ -92,10 +92,10 @@ def tree_links(p, algo="tree"):
         parent, children, _ = binomial_tree(p)
         return [(parent, children, 0, *_levels(parent, children, 0))]
     return [(pa, ch, root, *_levels(pa, ch, root))
-            for pa, ch, root in _trees(p, 2 if algo == "double_tree" else 1)]
+            for pa, ch, root in complementary_trees(p, 2 if algo == "double_tree" else 1)]
 
 
-def _tree_allreduce(comm, flat, fn, trees, segments, where):
+def tree_allreduce(comm, flat, fn, trees, segments, where):
     """Pipelined tree reduce, then broadcast. A node of height ``h`` sends segment ``j`` up in
     step ``j + h`` and receives it from its children in step ``j + h - 1``; going down, a node
     of depth ``d`` receives segment ``j`` in step ``j + d - 1`` and passes it on in step
@@ -117,10 +117,10 @@ def _tree_allreduce(comm, flat, fn, trees, segments, where):
             if 0 <= g - h + 1 < k:
                 srcs += [(c, tags[t]) for c in children[r]]
                 slots += [(t, g - h + 1)] * len(children[r])
-        got = yield _exchange(comm, sends, srcs)
+        got = yield exchange(comm, sends, srcs)
         for (src, _), (t, j), value in zip(srcs, slots, got):
-            pieces[t][j] = _combine(fn, value, pieces[t][j], where, comm, src)
-        yield from _charge(comm, sum(pieces[t][j].nbytes for t, j in slots))
+            pieces[t][j] = combine(fn, value, pieces[t][j], where, comm, src)
+        yield from charge(comm, sum(pieces[t][j].nbytes for t, j in slots))
     down_steps = k - 1 + max(max(d) for _, _, _, d in levels)
     for g in range(down_steps):
         sends, srcs, slots = [], [], []
@@ -131,7 +131,7 @@ def _tree_allreduce(comm, flat, fn, trees, segments, where):
             if parent[r] is not None and 0 <= g - d + 1 < k:
                 srcs.append((parent[r], tags[t]))
                 slots.append((t, g - d + 1))
-        got = yield _exchange(comm, sends, srcs)
+        got = yield exchange(comm, sends, srcs)
         for (t, j), value in zip(slots, got):
             pieces[t][j] = value
-    return _concat([seg for piece in pieces for seg in piece])
+    return concat([seg for piece in pieces for seg in piece])

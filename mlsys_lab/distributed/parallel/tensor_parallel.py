@@ -26,11 +26,11 @@ dimension to a multiple of ``size``; the padded columns would be zero weights he
 
 import numpy as np
 
-from .. import ops
-from ..engine.tensor import Tensor
-from ..errors import ArgumentError, ShapeError
-from ..nn.module import Parameter
-from .collectives import allgather, allreduce, block_bounds
+from ... import ops
+from ...engine.tensor import Tensor
+from ...errors import ArgumentError, ShapeError
+from ...nn.module import Parameter
+from ..collectives import allgather, allreduce, block_bounds
 
 ACTIVATIONS = (None, "relu", "tanh", "sigmoid")
 

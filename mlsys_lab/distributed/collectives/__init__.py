@@ -1,4 +1,4 @@
-"""Collective communication as generator functions over a :class:`~.comm.Communicator`.
+"""Collective communication as generator functions over a :class:`~..comm.Communicator`.
 
 Every collective is called on every rank of the communicator, in the same order, and composed
 with ``yield from``::
@@ -35,70 +35,22 @@ all-to-all         pairwise, direct
 =================  ====================================================================
 
 ``segments=k`` pipelines the tree algorithms and the ring broadcast in ``k`` pieces.
+
+Modules: :mod:`.all_reduce` (all-reduce, reduce-scatter, all-gather, ``ring_plan``),
+:mod:`.rooted` (broadcast, scatter, reduce, gather), :mod:`.all_to_all` (all-to-all, barrier),
+:mod:`.trees` (the trees), :mod:`.common` (ops, tags, ``ALGORITHMS``, ``block_bounds``, the
+helpers the modules share) and :mod:`.cost` (the alpha-beta(-gamma) time of each of them).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from .collective_allreduce import (  # noqa: F401
-    allgather,
-    allreduce,
-    reduce_scatter,
-    ring_plan,
-)
-from .collective_common import (  # noqa: F401
-    ALGORITHMS,
-    OPS,
-    TAG,
-    TAG_B,
-    _algo,
-    _array,
-    _check_trailing,
-    _concat,
-    _exchange,
-    _rows,
-    _sendrecv,
-    block_bounds,
-)
-from .collective_rooted import broadcast, gather, reduce, scatter
-from .collective_trees import binomial_tree, tree_links
+from . import cost
+from .all_reduce import allgather, allreduce, reduce_scatter, ring_plan
+from .all_to_all import alltoall, barrier
+from .common import ALGORITHMS, OPS, block_bounds
+from .rooted import broadcast, gather, reduce, scatter
+from .trees import binomial_tree, tree_links
 
 __all__ = ["ALGORITHMS", "OPS", "allgather", "allreduce", "alltoall", "barrier", "binomial_tree",
-           "block_bounds", "broadcast", "gather", "reduce", "reduce_scatter", "ring_plan",
+           "block_bounds", "broadcast", "cost", "gather", "reduce", "reduce_scatter", "ring_plan",
            "scatter", "tree_links"]
-
-
-def alltoall(comm, x, algo="pairwise"):
-    """Rank ``r`` sends block ``d`` of ``x`` (along axis 0, :func:`block_bounds`) to rank
-    ``d`` and returns the blocks it received, concatenated in source-rank order."""
-    where = f"alltoall(algo={algo!r})"
-    algo = _algo("alltoall", algo, where)
-    x = _rows(_array(x, where))
-    p, r = comm.size, comm.rank
-    bounds = block_bounds(x.shape[0], p)
-    blocks = [x[a:b] for a, b in bounds]
-    received = [None] * p
-    received[r] = blocks[r].copy()
-    if algo == "pairwise":
-        for k in range(1, p):
-            dst, src = (r + k) % p, (r - k) % p
-            received[src] = yield _sendrecv(comm, blocks[dst], dst, src)
-    elif p > 1:  # posted in the pairwise order, so one-port ranks never queue at a receiver
-        others = [(r + k) % p for k in range(1, p)]
-        srcs = [(r - k) % p for k in range(1, p)]
-        got = yield _exchange(comm, [(blocks[d], d) for d in others], srcs)
-        others = srcs
-        for d, value in zip(others, got):
-            received[d] = value
-    _check_trailing(received, comm, where)
-    return _concat(received)
-
-
-def barrier(comm):
-    """Wait until every rank has arrived (dissemination: ceil(log2 p) rounds)."""
-    p, r, distance = comm.size, comm.rank, 1
-    token = np.zeros(0, dtype=np.uint8)
-    while distance < p:
-        yield _sendrecv(comm, token, (r + distance) % p, (r - distance) % p)
-        distance <<= 1

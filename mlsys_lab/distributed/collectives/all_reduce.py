@@ -1,30 +1,33 @@
-"""All-reduce (ring, trees, recursive doubling, Rabenseifner), reduce-scatter and all-gather."""
+"""All-reduce (ring, trees, recursive doubling, Rabenseifner), reduce-scatter and all-gather.
+
+(The module is ``all_reduce``, not ``allreduce``, so that it never shadows the function
+``collectives.allreduce``.)"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
-from .collective_common import (
+from ...errors import ShapeError
+from .common import (
     OPS,
-    _algo,
-    _array,
-    _charge,
-    _check_trailing,
-    _combine,
-    _concat,
-    _flat,
-    _is_symbolic,
-    _need_power_of_two,
-    _recv,
-    _rows,
-    _segments,
-    _send,
-    _sendrecv,
-    _ufunc,
+    as_array,
+    as_flat,
+    as_rows,
     block_bounds,
+    charge,
+    check_algo,
+    check_segments,
+    check_trailing,
+    combine,
+    concat,
+    is_symbolic,
+    need_power_of_two,
+    recv,
+    send,
+    sendrecv,
+    ufunc_of,
 )
-from .collective_trees import _tree_allreduce, _trees
+from .trees import complementary_trees, tree_allreduce
 
 
 def allreduce(comm, x, op="sum", algo="ring", segments=1):
@@ -36,28 +39,28 @@ def allreduce(comm, x, op="sum", algo="ring", segments=1):
         segments: pipeline depth of ``tree`` / ``double_tree``.
     """
     where = f"allreduce(algo={algo!r})"
-    fn, algo = _ufunc(op, where), _algo("allreduce", algo, where)
-    x, segments = _array(x, where), _segments(segments, where)
+    fn, algo = ufunc_of(op, where), check_algo("allreduce", algo, where)
+    x, segments = as_array(x, where), check_segments(segments, where)
     if comm.size == 1:
         return x.copy()
     if algo == "ring":
-        flow = _ring_allreduce(comm, x, fn, where)
+        flow = ring_allreduce(comm, x, fn, where)
         if comm.supports_batching:
             return (yield comm.batched("allreduce/ring", x, op, flow, ring_plan))
         return (yield from flow)
     if algo in ("tree", "double_tree"):
-        flat = _flat(x)
-        trees = _trees(comm.size, 2 if algo == "double_tree" else 1)
-        return (yield from _tree_allreduce(comm, flat, fn, trees, segments, where)).reshape(
+        flat = as_flat(x)
+        trees = complementary_trees(comm.size, 2 if algo == "double_tree" else 1)
+        return (yield from tree_allreduce(comm, flat, fn, trees, segments, where)).reshape(
             x.shape)
     if algo == "recursive_doubling":
         body = _recursive_doubling_body
     else:
         body = _rabenseifner_body
-    return (yield from _folded(comm, _flat(x), fn, body, where)).reshape(x.shape)
+    return (yield from _folded(comm, as_flat(x), fn, body, where)).reshape(x.shape)
 
 
-def _ring_reduce_scatter(comm, flat, fn, where):
+def ring_reduce_scatter(comm, flat, fn, where):
     """Ring reduce-scatter in place over ``p`` blocks; afterwards block ``rank`` is reduced."""
     p, r = comm.size, comm.rank
     bounds = block_bounds(flat.shape[0], p)
@@ -65,26 +68,30 @@ def _ring_reduce_scatter(comm, flat, fn, where):
     right, left = (r + 1) % p, (r - 1) % p
     for s in range(p - 1):
         send_idx, recv_idx = (r - s - 1) % p, (r - s - 2) % p
-        got = yield _sendrecv(comm, blocks[send_idx], right, left)
-        blocks[recv_idx] = _combine(fn, got, blocks[recv_idx], where, comm, left)
-        yield from _charge(comm, blocks[recv_idx].nbytes)
+        got = yield sendrecv(comm, blocks[send_idx], right, left)
+        blocks[recv_idx] = combine(fn, got, blocks[recv_idx], where, comm, left)
+        yield from charge(comm, blocks[recv_idx].nbytes)
     return blocks
 
 
-def _ring_allgather_blocks(comm, blocks):
+def ring_allgather_blocks(comm, blocks):
+    """Ring all-gather of ``p`` blocks in place: rank ``r`` starts with block ``r`` filled and
+    ends with every block (the second half of the ring all-reduce)."""
     p, r = comm.size, comm.rank
     right, left = (r + 1) % p, (r - 1) % p
     for s in range(p - 1):
-        blocks[(r - s - 1) % p] = yield _sendrecv(comm, blocks[(r - s) % p], right, left)
+        blocks[(r - s - 1) % p] = yield sendrecv(comm, blocks[(r - s) % p], right, left)
     return blocks
 
 
-def _ring_allreduce(comm, x, fn, where):
-    flat = _flat(x)
-    if _is_symbolic(flat):
-        blocks = yield from _ring_reduce_scatter(comm, flat, fn, where)
-        blocks = yield from _ring_allgather_blocks(comm, blocks)
-        return _concat(blocks).reshape(x.shape)
+def ring_allreduce(comm, x, fn, where):
+    """The ring all-reduce of ``x`` with the ufunc ``fn``: a ring reduce-scatter, then a ring
+    all-gather, ``2 (p - 1)`` steps of one block each; what ``allreduce(algo="ring")`` runs."""
+    flat = as_flat(x)
+    if is_symbolic(flat):
+        blocks = yield from ring_reduce_scatter(comm, flat, fn, where)
+        blocks = yield from ring_allgather_blocks(comm, blocks)
+        return concat(blocks).reshape(x.shape)
     # Real data: every piece lands straight in the output buffer (no temporaries; under MPI
     # fresh memory costs page faults). Block i arrives once in the reduce-scatter, into
     # out[i], and is reduced there with this rank's own x[i].
@@ -96,13 +103,13 @@ def _ring_allreduce(comm, x, fn, where):
     for s in range(p - 1):
         send_idx, recv_idx = (r - s - 1) % p, (r - s - 2) % p
         a, b = bounds[recv_idx]
-        got = yield _sendrecv(comm, held[send_idx], right, left, out=out[a:b])
+        got = yield sendrecv(comm, held[send_idx], right, left, out=out[a:b])
         fn(got, held[recv_idx], out=got)
         held[recv_idx] = got
-        yield from _charge(comm, got.nbytes)
+        yield from charge(comm, got.nbytes)
     for s in range(p - 1):
         a, b = bounds[(r - s - 1) % p]
-        yield _sendrecv(comm, held[(r - s) % p], right, left, out=out[a:b])
+        yield sendrecv(comm, held[(r - s) % p], right, left, out=out[a:b])
         held[(r - s - 1) % p] = out[a:b]
     return out.reshape(x.shape)
 
@@ -113,8 +120,8 @@ def ring_plan(arrays, op):
     in step ``s``. The reduction follows the ring's own order, so values match the message-by-
     message run bit for bit. ``None`` when the inputs disagree (the fallback reports it)."""
     p, first = len(arrays), arrays[0]
-    symbolic = _is_symbolic(first)
-    if any(_is_symbolic(a) != symbolic or a.size != first.size or a.dtype != first.dtype
+    symbolic = is_symbolic(first)
+    if any(is_symbolic(a) != symbolic or a.size != first.size or a.dtype != first.dtype
            for a in arrays):
         return None
     bounds = block_bounds(first.size, p)
@@ -127,7 +134,7 @@ def ring_plan(arrays, op):
     if symbolic:
         return [a.copy() for a in arrays], step_bytes
     fn = OPS[op]
-    flats = [_flat(a) for a in arrays]
+    flats = [as_flat(a) for a in arrays]
     reduced = []
     for c, (a, b) in enumerate(bounds):
         acc = flats[(c + 1) % p][a:b]
@@ -147,11 +154,11 @@ def _folded(comm, flat, fn, body, where):
     extra = p - q
     if r < 2 * extra:
         if r % 2 == 0:
-            yield _send(comm, flat, r + 1)
-            return (yield _recv(comm, r + 1))
-        got = yield _recv(comm, r - 1)
-        flat = _combine(fn, got, flat, where, comm, r - 1)
-        yield from _charge(comm, flat.nbytes)
+            yield send(comm, flat, r + 1)
+            return (yield recv(comm, r + 1))
+        got = yield recv(comm, r - 1)
+        flat = combine(fn, got, flat, where, comm, r - 1)
+        yield from charge(comm, flat.nbytes)
         virtual = r // 2
     else:
         virtual = r - extra
@@ -161,7 +168,7 @@ def _folded(comm, flat, fn, body, where):
 
     flat = yield from body(comm, flat, fn, virtual, q, real, where)
     if r < 2 * extra:
-        yield _send(comm, flat, r - 1)
+        yield send(comm, flat, r - 1)
     return flat
 
 
@@ -169,9 +176,9 @@ def _recursive_doubling_body(comm, flat, fn, virtual, q, real, where):
     mask = 1
     while mask < q:
         peer = real(virtual ^ mask)
-        got = yield _sendrecv(comm, flat, peer, peer)
-        flat = _combine(fn, got, flat, where, comm, peer)
-        yield from _charge(comm, flat.nbytes)
+        got = yield sendrecv(comm, flat, peer, peer)
+        flat = combine(fn, got, flat, where, comm, peer)
+        yield from charge(comm, flat.nbytes)
         mask <<= 1
     return flat
 
@@ -187,12 +194,12 @@ def _halving(comm, flat, fn, virtual, q, real, where):
         mid = lo + (hi - lo) // 2
         keep, give = ((lo, mid), (mid, hi)) if virtual < peer_v else ((mid, hi), (lo, mid))
         base = bounds[lo][0]
-        send = part[bounds[give[0]][0] - base:bounds[give[1] - 1][1] - base]
+        outgoing = part[bounds[give[0]][0] - base:bounds[give[1] - 1][1] - base]
         mine = part[bounds[keep[0]][0] - base:bounds[keep[1] - 1][1] - base]
         peer = real(peer_v)
-        got = yield _sendrecv(comm, send, peer, peer)
-        part = _combine(fn, got, mine, where, comm, peer)
-        yield from _charge(comm, part.nbytes)
+        got = yield sendrecv(comm, outgoing, peer, peer)
+        part = combine(fn, got, mine, where, comm, peer)
+        yield from charge(comm, part.nbytes)
         lo, hi = keep
         mask >>= 1
     return part, lo, hi
@@ -205,13 +212,13 @@ def _doubling_gather(comm, part, virtual, q, real, where, equal_rows=None):
     while mask < q:
         peer_v = virtual ^ mask
         peer = real(peer_v)
-        got = yield _sendrecv(comm, part, peer, peer)
-        if equal_rows is not None and _rows(got).shape != (mask * equal_rows, *part.shape[1:]):
+        got = yield sendrecv(comm, part, peer, peer)
+        if equal_rows is not None and as_rows(got).shape != (mask * equal_rows, *part.shape[1:]):
             raise ShapeError(f"{where}: rank {comm.rank} received shape {got.shape} from rank "
                              f"{peer}, expected {(mask * equal_rows, *part.shape[1:])}: this "
                              f"algorithm needs every rank's array to have the same shape "
                              f"(use algo='ring')")
-        part = _concat([part, got] if virtual < peer_v else [got, part])
+        part = concat([part, got] if virtual < peer_v else [got, part])
         mask <<= 1
     return part
 
@@ -225,14 +232,14 @@ def reduce_scatter(comm, x, op="sum", algo="ring"):
     """Reduce every rank's ``x`` and give rank ``r`` block ``r`` of the flattened result
     (blocks by :func:`block_bounds`)."""
     where = f"reduce_scatter(algo={algo!r})"
-    fn, algo = _ufunc(op, where), _algo("reduce_scatter", algo, where)
-    flat = _flat(_array(x, where))
+    fn, algo = ufunc_of(op, where), check_algo("reduce_scatter", algo, where)
+    flat = as_flat(as_array(x, where))
     if comm.size == 1:
         return flat.copy()
     if algo == "ring":
-        blocks = yield from _ring_reduce_scatter(comm, flat, fn, where)
+        blocks = yield from ring_reduce_scatter(comm, flat, fn, where)
         return blocks[comm.rank]
-    _need_power_of_two(comm, where)
+    need_power_of_two(comm, where)
     part, _, _ = yield from _halving(comm, flat, fn, comm.rank, comm.size, lambda v: v, where)
     return part
 
@@ -240,16 +247,16 @@ def reduce_scatter(comm, x, op="sum", algo="ring"):
 def allgather(comm, x, algo="ring"):
     """Every rank gets every rank's ``x`` concatenated along axis 0, in rank order."""
     where = f"allgather(algo={algo!r})"
-    algo = _algo("allgather", algo, where)
-    x = _rows(_array(x, where))
+    algo = check_algo("allgather", algo, where)
+    x = as_rows(as_array(x, where))
     if comm.size == 1:
         return x.copy()
     if algo == "ring":
         blocks = [None] * comm.size
         blocks[comm.rank] = x
-        blocks = yield from _ring_allgather_blocks(comm, blocks)
-        _check_trailing(blocks, comm, where)
-        return _concat(blocks)
-    _need_power_of_two(comm, where)
+        blocks = yield from ring_allgather_blocks(comm, blocks)
+        check_trailing(blocks, comm, where)
+        return concat(blocks)
+    need_power_of_two(comm, where)
     return (yield from _doubling_gather(comm, x, comm.rank, comm.size, lambda v: v, where,
                                         equal_rows=x.shape[0]))

@@ -1,12 +1,14 @@
 """What every collective shares: ops, tags, algorithm names, argument checks, block bounds and
-the piece-combining helpers (see :mod:`.collectives` for the collectives themselves)."""
+the piece-combining helpers (see :mod:`mlsys_lab.distributed.collectives` for the collectives
+themselves). Public inside the package: the collective modules import these, nothing else
+should."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ArgumentError, DTypeError, ShapeError
-from .comm import TAG_LIMIT
+from ...errors import ArgumentError, DTypeError, ShapeError
+from ..comm import TAG_LIMIT
 
 OPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 TAG = TAG_LIMIT  # collectives' messages: one reserved tag (FIFO keeps their order)
@@ -24,19 +26,23 @@ ALGORITHMS = {
 }
 
 
-def _sendrecv(comm, array, dst, src, tag=TAG, out=None):
+def sendrecv(comm, array, dst, src, tag=TAG, out=None):
+    """Send ``array`` to ``dst`` and receive from ``src`` on the collectives' tag."""
     return comm.sendrecv(array, dst, src, tag=tag, out=out, _internal=True)
 
 
-def _send(comm, array, dst):
+def send(comm, array, dst):
+    """Send ``array`` to ``dst`` on the collectives' tag."""
     return comm.send(array, dst, tag=TAG, _internal=True)
 
 
-def _recv(comm, src):
+def recv(comm, src):
+    """Receive from ``src`` on the collectives' tag."""
     return comm.recv(src, tag=TAG, _internal=True)
 
 
-def _exchange(comm, sends, srcs, tag=TAG):
+def exchange(comm, sends, srcs, tag=TAG):
+    """Post ``sends`` (``[(array, dst)]``) and receives from ``srcs`` at once."""
     return comm.exchange(sends, srcs, tag=tag, _internal=True)
 
 
@@ -52,54 +58,62 @@ def block_bounds(n, p):
     return bounds
 
 
-def _is_symbolic(x):
+def is_symbolic(x):
+    """Whether ``x`` is a :class:`~..sim.symbolic.SymbolicArray` (shape and dtype, no values)."""
     return hasattr(x, "__mlsys_symbolic__")
 
 
-def _array(x, where):
+def as_array(x, where):
+    """``x`` as an array (symbolic ones pass through); ``None`` is an error naming ``where``."""
     if x is None:
         raise ArgumentError(f"{where}: got None where this rank must pass an array")
-    if _is_symbolic(x) or isinstance(x, np.ndarray):
+    if is_symbolic(x) or isinstance(x, np.ndarray):
         return x
     return np.asarray(x)
 
 
-def _flat(x):
+def as_flat(x):
+    """``x`` flattened to one axis (reduce-scatter and all-reduce split the flat data)."""
     return x.reshape(-1)
 
 
-def _rows(x):
+def as_rows(x):
+    """``x`` with at least one axis: a 0-d array counts as shape ``(1,)``."""
     return x.reshape(1) if x.ndim == 0 else x
 
 
-def _concat(parts):
-    if any(_is_symbolic(p) for p in parts):
-        from .symbolic import SymbolicArray
+def concat(parts):
+    """``parts`` concatenated along axis 0 (symbolic when any part is)."""
+    if any(is_symbolic(p) for p in parts):
+        from ..sim.symbolic import SymbolicArray
 
         first = parts[0]
         return SymbolicArray((sum(p.shape[0] for p in parts), *first.shape[1:]), first.dtype)
     return np.concatenate(parts, axis=0)
 
 
-def _ufunc(op, where):
+def ufunc_of(op, where):
+    """The numpy ufunc of ``op`` (``sum``, ``prod``, ``max``, ``min``)."""
     if op not in OPS:
         raise ArgumentError(f"{where}: op={op!r} is not one of {sorted(OPS)}")
     return OPS[op]
 
 
-def _algo(kind, algo, where):
+def check_algo(kind, algo, where):
+    """``algo`` if it is one of ``ALGORITHMS[kind]``, else an ``ArgumentError``."""
     if algo not in ALGORITHMS[kind]:
         raise ArgumentError(f"{where}: algo={algo!r} is not one of {list(ALGORITHMS[kind])}")
     return algo
 
 
-def _segments(segments, where):
+def check_segments(segments, where):
+    """``segments`` if it is an int >= 1, else an ``ArgumentError``."""
     if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
         raise ArgumentError(f"{where}: segments={segments!r} must be an int >= 1")
     return segments
 
 
-def _combine(fn, got, mine, where, comm, src):
+def combine(fn, got, mine, where, comm, src):
     """``fn(got, mine)`` after checking that the peer's piece matches this rank's."""
     if got.shape != mine.shape:
         raise ShapeError(f"{where}: rank {comm.rank} received a piece of shape {got.shape} from "
@@ -111,7 +125,7 @@ def _combine(fn, got, mine, where, comm, src):
     return fn(got, mine)
 
 
-def _charge(comm, nbytes):
+def charge(comm, nbytes):
     """The reduction's cost: ``compute(seconds=gamma * nbytes)`` on this rank, where ``gamma``
     is its device's seconds per byte reduced (``topology.Device.gamma``). Used with
     ``yield from`` right after a combine; yields nothing when ``gamma`` is 0 or there is no
@@ -125,12 +139,14 @@ def _power_of_two(p):
     return p & (p - 1) == 0
 
 
-def _need_power_of_two(comm, where):
+def need_power_of_two(comm, where):
+    """An ``ArgumentError`` unless the communicator's size is a power of two."""
     if not _power_of_two(comm.size):
         raise ArgumentError(f"{where}: needs a power-of-two number of ranks, got {comm.size}")
 
 
-def _check_trailing(blocks, comm, where):
+def check_trailing(blocks, comm, where):
+    """A ``ShapeError`` unless the blocks agree in trailing shape and dtype."""
     shapes = [b.shape[1:] for b in blocks]
     if len(set(shapes)) > 1 or len({b.dtype for b in blocks}) > 1:
         detail = {r: (b.shape, str(b.dtype)) for r, b in enumerate(blocks)}
@@ -138,7 +154,8 @@ def _check_trailing(blocks, comm, where):
                          f"and dtypes by rank {detail}")
 
 
-def _root(comm, root, where):
+def check_root(comm, root, where):
+    """``root`` as an int if it is a rank of ``comm``, else an ``ArgumentError``."""
     if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or \
             not 0 <= root < comm.size:
         raise ArgumentError(f"{where}: root={root!r} is not a rank of {comm.size}")

@@ -4,7 +4,7 @@ consults.
 A collective offers itself whole (``comm.batched``); :meth:`BatchedRing.offer` collects the
 offers. When every rank has entered the same ring collective, no other message was issued
 meanwhile, the ring's routes share no link and nothing still holds one, the collective runs in
-one go: the data by the algorithm's own order of operations (:func:`.collectives.ring_plan`),
+one go: the data by the algorithm's own order of operations (:func:`..collectives.ring_plan`),
 the times by the engine's per-message arithmetic vectorised over ranks (including the
 reduction's ``gamma`` compute after each reduce-scatter step, as the generator charges it),
 and each rank is resumed at its end. Otherwise each rank runs the collective's generator
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sim_trace import TraceEvent
+from .trace import TraceEvent
 
 __all__ = ["BatchedRing"]
 
@@ -109,7 +109,7 @@ class BatchedRing:
         """Times of ``len(step_bytes)`` ring-shift steps (rank r sends ``step_bytes[s, r]``
         bytes to r + 1 and receives from r - 1), by the same arithmetic as ``transfer``. After
         each of the first ``reducing`` steps a rank reduces what it received: a compute of
-        ``gamma`` seconds per byte (``collective_common._charge``). A probe only asks whether
+        ``gamma`` seconds per byte (``collectives.common.charge``). A probe only asks whether
         the collective ends before the first device failure (``None``: it does not)."""
         e = self.engine
         p = e.size

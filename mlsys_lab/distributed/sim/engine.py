@@ -22,9 +22,9 @@ the engine has always used.
 
 An *agent* is a rank's program or a background task (``comm.start``). Resuming one runs its
 generator to its next request; the request then books messages on the network
-(:mod:`.sim_network`), waits for messages in the mailboxes (MPI's matching: source, context,
+(:mod:`.network`), waits for messages in the mailboxes (MPI's matching: source, context,
 tag), or pushes the agent's next event. A whole-cluster ring collective goes to the batched
-strategy (:mod:`.sim_batch`), which the loop consults again when no event is left. The run
+strategy (:mod:`.batch`), which the loop consults again when no event is left. The run
 ends when no event but a fault is pending; an unfinished agent then is a deadlock.
 """
 
@@ -35,8 +35,8 @@ import time as _time
 from collections import deque
 from typing import Any, NamedTuple
 
-from ..errors import ArgumentError
-from .comm import (
+from ...errors import ArgumentError
+from ..comm import (
     ANY_SOURCE,
     TAG_LIMIT,
     Batched,
@@ -53,9 +53,9 @@ from .comm import (
     fill,
     not_a_request,
 )
-from .sim_batch import BatchedRing
-from .sim_network import FairNetwork, ReservationNetwork
-from .sim_trace import TraceEvent
+from .batch import BatchedRing
+from .network import FairNetwork, ReservationNetwork
+from .trace import TraceEvent
 
 __all__ = ["ANY", "FAULT", "KINDS", "NETWORK", "PORT", "RESUME", "Engine", "Event", "TraceEvent"]
 
@@ -358,7 +358,7 @@ class _Task:
 
 
 class _Mail:
-    """The engine's messages: each is booked on the network (:mod:`.sim_network`), then
+    """The engine's messages: each is booked on the network (:mod:`.network`), then
     matched to its receive as MPI does. A message waits in the mailbox under its key (source
     device, destination device, context, tag) until a receive for the key is posted; a posted
     receive waits under the key for its message. One key keeps send order (non-overtaking)."""

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
-from ..engine.tensor import Tensor
-from ..errors import ArgumentError, DTypeError, UnknownNameError
-from ..nn.layers import ReLU, Sequential
-from . import sim
+from ... import ops
+from ...engine.tensor import Tensor
+from ...errors import ArgumentError, DTypeError, UnknownNameError
+from ...nn.layers import ReLU, Sequential
+from .. import sim
 from .data_parallel import allreduce_gradients, make_buckets
 from .pipeline_parallel import FORWARD, make_schedule
 from .tensor_parallel import ParallelMLP

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.tensor import Tensor
-from ..errors import ArgumentError, ShapeError
-from . import sim
-from .collectives import allreduce
+from ...engine.tensor import Tensor
+from ...errors import ArgumentError, ShapeError
+from .. import sim
+from ..collectives import allreduce
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 

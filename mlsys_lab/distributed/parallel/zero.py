@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.tensor import Tensor
-from ..errors import ArgumentError, DTypeError
-from ..nn.module import Parameter
-from . import sim
-from .collectives import allgather, block_bounds, reduce_scatter
+from ...engine.tensor import Tensor
+from ...errors import ArgumentError, DTypeError
+from ...nn.module import Parameter
+from .. import sim
+from ..collectives import allgather, block_bounds, reduce_scatter
 
 GB = 1e9
 #: bytes per parameter of (weights, gradients, optimiser state) for each optimiser and precision

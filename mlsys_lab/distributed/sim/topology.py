@@ -8,7 +8,7 @@ directions a message crosses. Alone on its route, a message of ``n`` bytes on ro
     sum(alpha over R)  +  n * max(beta over R)
 
 (cut-through: the bytes stream at the bottleneck's rate and the latencies of the hops add up);
-how messages share links is the simulator's business (:mod:`.sim`).
+how messages share links is the simulator's business (the rest of :mod:`mlsys_lab.distributed.sim`).
 
 A device also has ``gamma``: seconds per byte to reduce (combine two arrays elementwise, the
 third term of the alpha-beta-gamma cost model of Thakur, Rabenseifner and Gropp 2005). The
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from ..errors import ArgumentError
+from ...errors import ArgumentError
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A deterministic discrete-event simulator of a cluster running rank programs.
 
-Each rank runs an ordinary generator function over a :class:`~.comm.Communicator` and moves real
+Each rank runs an ordinary generator function over a :class:`~..comm.Communicator` and moves real
 numpy arrays, so one run gives both the values and the simulated time::
 
     from mlsys_lab.distributed import sim
@@ -20,7 +20,8 @@ The model
   ``ring(p, gamma=...)``, ``topology.set_device(r, gamma=...)``): wherever a collective
   combines two arrays (a ring reduce-scatter step, a tree or binomial reduce, recursive
   doubling, Rabenseifner) the rank that combines computes ``gamma * bytes`` seconds. The
-  default 0 makes reductions free; :func:`.cost.collective_time` has the matching terms.
+  default 0 makes reductions free; :func:`..collectives.cost.collective_time` has the
+  matching terms.
 * A message of ``n`` bytes from ``a`` to ``b`` follows ``topology.route(a, b)`` and streams at
   the route's bottleneck rate ``1 / max(beta)``: it takes ``n * max(beta)`` seconds and arrives
   ``sum(alpha)`` after its last byte left (cut-through; see :mod:`.topology`).
@@ -31,7 +32,7 @@ The model
   the other, while a link with twice a NIC's bandwidth (a 1:1 uplink over two NICs) carries two
   NIC-rate messages side by side, and an oversubscribed one makes them wait. A message's
   arrival is fixed when it is sent. ``sharing="fair"``: max-min fair sharing instead, rates
-  recomputed whenever a message starts or ends (:mod:`.sim_network`); alone on its route a
+  recomputed whenever a message starts or ends (:mod:`.network`); alone on its route a
   message costs the same in both. ``Result.link_busy`` is bytes carried times the link's beta.
 * Ports: by default a rank's sends and receives of one ``exchange`` all proceed at once, and
   messages to one rank arrive side by side. ``Cluster(one_port=True)`` is the one-port model
@@ -47,7 +48,7 @@ The model
 * Sends are eager: a message waits in the receiver's mailbox until a matching ``recv``.
   ``recv_any`` takes the message from any source that arrives first (ties: lowest rank).
 * If every unfinished rank is blocked and nothing can arrive, ``run`` raises
-  :class:`~.comm.DeadlockError` naming each rank and what it waits for. ``time_limit``
+  :class:`~..comm.DeadlockError` naming each rank and what it waits for. ``time_limit``
   (simulated) and ``wall_limit`` (real seconds) bound every run.
 
 Batched collectives
@@ -56,8 +57,8 @@ A 1,024-rank ring all-reduce has two million messages: too many to simulate one 
 second. Collectives therefore offer themselves whole (``comm.batched``); when *every* rank of
 the cluster has entered the same one, no other message was issued meanwhile, the ring's routes
 share no link and no earlier message still holds one, the batched strategy the event loop
-consults (:mod:`.sim_batch`) runs it in one go: the data by the algorithm's own order of
-operations (:func:`.collectives.ring_plan`) and the times by the very same per-message
+consults (:mod:`.batch`) runs it in one go: the data by the algorithm's own order of
+operations (:func:`..collectives.ring_plan`) and the times by the very same per-message
 arithmetic, vectorised over ranks with numpy (per-link alpha and beta, so a slow link shows).
 Otherwise it runs the collective's generator message by message from each rank's entry time
 (exact too, since nothing else was sent meanwhile; the one inexact case: messages sent by ranks
@@ -66,20 +67,20 @@ run with ``batched=False`` could interleave them). Tests check that both paths g
 times, trace and data at p = 64. At p = 1,024 x 256 MiB the data cannot exist, so
 :class:`SymbolicArray` carries shape and dtype without values: its runs check timing only.
 
-Modules: this one (``Cluster``, ``run``, ``Result``), :mod:`.sim_engine` (the event loop:
-event records, one handler per kind, device failures as events), :mod:`.sim_network` (link
-sharing, ports, routes, link failures), :mod:`.sim_batch` (the batched ring strategy),
-:mod:`.sim_trace`, :mod:`.symbolic`; the package's ``README.md`` maps them.
+Modules: this one (``Cluster``, ``run``, ``Result``), :mod:`.engine` (the event loop:
+event records, one handler per kind, device failures as events), :mod:`.network` (link
+sharing, ports, routes, link failures), :mod:`.batch` (the batched ring strategy),
+:mod:`.trace`, :mod:`.symbolic`; the package's ``README.md`` maps them.
 """
 
 from __future__ import annotations
 
-from ..errors import ArgumentError
-from .comm import Communicator
-from .sim_engine import Engine
-from .sim_trace import TraceEvent
+from ...errors import ArgumentError
+from ..comm import Communicator
+from .engine import Engine
 from .symbolic import SymbolicArray
 from .topology import Device, Topology, fully_connected, ring, tree, two_level
+from .trace import TraceEvent
 
 __all__ = ["SHARING", "Cluster", "Device", "Result", "SimCommunicator", "SymbolicArray",
            "Topology", "TraceEvent", "fully_connected", "ring", "run", "tree", "two_level"]
@@ -187,12 +188,12 @@ def run(cluster, prog, args=None, kwargs=None, *, trace=True, batched=None, time
         kwargs: keyword arguments for every rank.
         trace: record the :class:`TraceEvent` timeline.
         batched: override ``cluster.batch_collectives``.
-        time_limit: stop with :class:`~.comm.CommTimeoutError` past this simulated time.
+        time_limit: stop with :class:`~..comm.CommTimeoutError` past this simulated time.
         wall_limit: ... or after this many real seconds.
         failures: ``{rank: t}``: the device fails at simulated time ``t``; the run stops there
-            with :class:`~.comm.DeviceFailure` (a synchronous job cannot go on without it).
+            with :class:`~..comm.DeviceFailure` (a synchronous job cannot go on without it).
         link_failures: ``{(u, v): t}``: a message that needs link ``u - v`` past ``t`` stops the
-            run with :class:`~.comm.LinkFailure`.
+            run with :class:`~..comm.LinkFailure`.
 
     Returns:
         a :class:`Result`.

@@ -1,4 +1,4 @@
-"""How the simulator's messages share links and ports (used by :mod:`.sim_engine`).
+"""How the simulator's messages share links and ports (used by :mod:`.engine`).
 
 Two sharing models, chosen by ``Cluster(sharing=...)``:
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .comm import LinkFailure
+from ..comm import LinkFailure
 
 __all__ = ["FairNetwork", "ReservationNetwork", "max_min_rates"]
 
@@ -132,7 +132,7 @@ class ReservationNetwork(_Links):
 
     def set_after_batch(self, route, start, end, rate, nbytes_total, send_done, recv_done,
                         src, dst):
-        """Leave the state a batched run of messages would have left (see ``sim_batch``)."""
+        """Leave the state a batched run of messages would have left (see ``batch``)."""
         for link in route:
             self.last_start[link] = start
             if end > start:
