@@ -5,7 +5,7 @@ that moves against a dense all-reduce, and the load that hot keys put on each se
 Each server really holds its shard (numpy arrays); a pull returns the current rows as a
 :class:`~mlsys_lab.engine.sparse.RowSparse`, a push applies a RowSparse gradient on the owners.
 Bytes are counted per message as keys (8 bytes each) plus row values; times follow the
-alpha-beta model of :mod:`mlsys_lab.distributed.cost` (:meth:`ShardedTables.step_time`).
+alpha-beta model of :mod:`mlsys_lab.distributed.collectives.cost` (:meth:`ShardedTables.step_time`).
 
 :meth:`ShardedTables.simulate` runs the same pulls and pushes as rank programs on the
 distributed simulator (:func:`mlsys_lab.distributed.sim.run`): a worker (rank 0) and the servers
