@@ -27,7 +27,7 @@ SERVICE_MODULES = {"test_browser.py", "test_mpi.py", "test_viz_keyboard.py", "te
 # ONNX node-test corpus) runs on one worker, so the fixture is built once, not once per worker.
 WHOLE_MODULES = {"test_grading_class.py", "test_onnx_conformance.py"}
 
-# --- the quick tier (`python -m pytest -m "not slow"`) ---------------------------------------------
+# --- the quick tier (`python -m pytest -m "not slow"`) --------------------------------------------
 # Everything that starts a kernel, a browser, mpiexec or the ONNX node-test corpus is `slow`: the
 # notebooks under nbval, the grader's round trips and the service tests. The inner loop runs the
 # rest; the README's full command (CI) runs everything. Mark a slow test elsewhere with

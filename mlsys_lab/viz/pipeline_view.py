@@ -1,7 +1,8 @@
 """The pipeline-schedule view: GPipe and 1F1B as Gantt charts, one row per stage.
 
 :func:`plot_pipeline` draws any
-:class:`~mlsys_lab.distributed.parallel.pipeline_parallel.Timeline` (from ``simulate_schedule`` or measured by ``run_pipeline`` on the simulator): forward bars light,
+:class:`~mlsys_lab.distributed.parallel.pipeline_parallel.Timeline` (from
+``simulate_schedule`` or measured by ``run_pipeline`` on the simulator): forward bars light,
 backward bars dark, one colour per micro-batch, idle time left blank. :func:`static` puts the
 schedules side by side for given ``p`` and ``m`` with their bubble fraction next to the standard
 result ``(p - 1) / (m + p - 1)`` and the micro-batches each stage keeps in flight;
