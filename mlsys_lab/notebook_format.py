@@ -3,7 +3,7 @@
 A committed notebook in this form comes back byte-identical when a reader opens it in JupyterLab
 and saves it, so their checkout shows no notebook they did not edit as modified. What Lab 4
 rewrites (found by opening and saving the committed notebooks in Lab, driven by Chromium, see
-``tests/test_browser.py``), and so what :func:`normalise` does:
+``tests/reader/test_browser.py``), and so what :func:`normalise` does:
 
 * ``metadata.kernelspec`` becomes the running kernel's: display name ``Python 3 (ipykernel)``;
 * ``metadata.language_info`` becomes the kernel's (``codemirror_mode``, ``pygments_lexer``, ...,

@@ -10,7 +10,7 @@ never imports torch: CI reads the committed answers.
 The runners evaluate a case every way the library can: eager forward, compiled forward, the
 generated elementwise kernel, the eager tape, ``ml.grad``, ``ml.vjp``, ``ml.grad_graph``,
 ``ml.jvp`` and ``ml.compile`` of the gradient, and compare them with float64 central differences
-of the reference. ``tests/test_conformance.py`` drives it; other tests may import it (e.g. a
+of the reference. ``tests/engine/test_conformance.py`` drives it; other tests may import it (e.g. a
 registry-wide completeness test).
 """
 

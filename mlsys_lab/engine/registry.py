@@ -43,7 +43,7 @@ class Kernel:
         accepts: ``accepts(avals, out_aval, attrs) -> None`` when the kernel can run the node,
             else a short reason (``"dtype float16"``), shown by ``explain()``.
         exact: the kernel gives what the op's ``compute`` gives, bit for bit (signed zeros and
-            NaN included), on every input it accepts. ``tests/test_eager_kernels.py`` holds
+            NaN included), on every input it accepts. ``tests/kernels/test_eager_kernels.py`` holds
             each kernel that claims it to that on random inputs.
         eager: eager dispatch (``ml.ops`` on Tensors, the tape, the graph interpreter) runs
             this kernel in place of ``compute`` wherever it accepts the arrays. The rule:
@@ -51,7 +51,7 @@ class Kernel:
             order of its floating-point sums (convolution as one GEMM over the whole batch,
             a pooling gradient whose windows overlap) may set it; such a kernel agrees with
             ``compute`` to the summing ops' conformance tolerance (``rtol`` scaled by the
-            dtype's epsilon, ``tests/conformance.py``), and ``tests/test_eager_kernels.py``
+            dtype's epsilon, ``tests/conformance.py``), and ``tests/kernels/test_eager_kernels.py``
             holds it to that. A kernel that changes the algorithm (Winograd) or rounds
             differently (generated fused loops, within 1 ulp) never sets it: selection may
             choose it for compiled graphs only.

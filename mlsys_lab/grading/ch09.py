@@ -783,7 +783,7 @@ def _bn_lowest(limits, last_on_ties=False):
 
 #: The wrong ideas a 9.3 answer is diagnosed with, each as what it answers (costs, degrees,
 #: kwargs) -> (name, rate), and the hint shown when an answer's choice is that idea's and no
-#: other's. tests/test_exercises_ch09.py implements each idea and checks its hint.
+#: other's. tests/notebooks/test_exercises_ch09.py implements each idea and checks its hint.
 _BN_MISTAKES = {
     "largest cost": (
         lambda c, d, kw: _bn_lowest(_bn_limits(c, d, **kw, stages="largest cost")),

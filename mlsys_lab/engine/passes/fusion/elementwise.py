@@ -120,11 +120,11 @@ def _helpers(dt):
     ±inf, NaN and subnormals included): exact ops bit for bit (numpy's ``maximum`` returns its
     second argument on a tie, so ``maximum(-0., 0.)`` is ``0.``; ``relu(-0.)`` and
     ``sign(-0.)`` are ``+0.``), and the transcendental ones within a few ulp (the test in
-    ``tests/test_compile_correctness.py`` measures them). ``pow`` has the eager op's special
+    ``tests/engine/test_compile_correctness.py`` measures them). ``pow`` has the eager op's special
     values (:func:`~mlsys_lab.engine.ops_math.power`): ``_pow_s`` for one exponent for the
     whole loop, numpy's ``x ** c`` for a number (0.5 is ``sqrt``, so ``-inf ** 0.5`` is NaN;
     -1, 2, 1 and 0 as numpy), ``_pow`` for an exponent array, C's ``pow`` (``+inf``);
-    ``tests/test_special_values.py`` checks every op against numpy and eager.
+    ``tests/engine/test_special_values.py`` checks every op against numpy and eager.
     ``tanh`` and ``sigmoid`` use only arithmetic, FMAs and bit operations, so LLVM vectorises
     the loop: ``math.tanh`` and ``math.exp`` compile to one libm call per element, which it
     cannot vectorise (Numba has no SVML here), and are 5-20x slower than numpy's SIMD kernels.

@@ -1,0 +1,1469 @@
+"""Integrity of grading: the guard refuses every shortcut, and the kernel cannot fake a verdict.
+
+The guard tests run in this process through ``check()``, with test-only exercises (ids 97.x)
+whose forbidden functions are real library functions. The grader tests run real kernels on the
+demo notebook (and chapter 8) with one hostile cell each, and assert the points.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import importlib.util
+import inspect
+import json
+import queue
+import sys
+import textwrap
+import threading
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+import mlsys_lab as ml
+from mlsys_lab.engine import schedule
+from mlsys_lab.engine.graph import Graph
+from mlsys_lab.grading import checks, guard, wire
+from mlsys_lab.grading.checks import Case, Exercise, legacy_cases, register, run_cases
+from mlsys_lab.grading.grader import grade
+from mlsys_lab.grading.judge import judge_exercise
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_SOLUTION = ROOT / "solutions" / "ch00_demo.ipynb"
+DEMO_EXERCISE = ROOT / "exercises" / "ch00_demo.ipynb"
+CH08_EXERCISE = ROOT / "exercises" / "ch08_hardware_accelerators.ipynb"
+
+
+# ----------------------------------------------------------------------------- test exercises
+
+
+def _dag(seed):
+    rng = np.random.default_rng(seed)
+    n = 9
+    hidden = [int(x) for x in rng.permutation(n)]
+    edges = [(hidden[i], hidden[j]) for i in range(n) for j in range(i + 1, n) if rng.random() < .4]
+    return [int(x) for x in rng.permutation(n)], edges
+
+
+def _order_judge(raw, seed):
+    nodes, edges = _dag(seed)
+    assert isinstance(raw, list) and sorted(raw) == sorted(nodes), f"not a permutation: {raw}"
+    pos = {v: i for i, v in enumerate(raw)}
+    assert all(pos[a] < pos[b] for a, b in edges), "an edge points backwards"
+
+
+def _small_graph():
+    def f(x, y):
+        t = ml.ops.tanh(x)
+        return ml.ops.sin(t * y) + ml.ops.neg(y)
+
+    x = np.zeros(3, np.float32)
+    return ml.trace(f, x, x)
+
+
+def _classify_probe(classify):
+    g = _small_graph()
+    return [classify(g, a, b) for a in g.nodes for b in g.nodes if a is not b]
+
+
+def _classify_judge(raw):
+    g = _small_graph()
+    assert raw == [g.dependency(a, b) for a in g.nodes for b in g.nodes if a is not b]
+
+
+def _operands(seed):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((5, 4)), rng.standard_normal((4, 3))
+
+
+def _matmul_judge(raw, seed):
+    a, b = _operands(seed)
+    assert isinstance(raw, np.ndarray) and np.allclose(raw, a @ b), "c != a @ b"
+
+
+TOPO = Exercise(
+    id="97.1", title="Topological sort", target="topological_sort",
+    forbidden=("mlsys_lab.engine.schedule:kahn",), task="Kahn's algorithm",
+    cases=(Case("valid order", 1, probe=lambda f, seed: f(*_dag(seed)), judge=_order_judge),),
+)
+CLASSIFY = Exercise(
+    id="97.2", title="Classify dependencies", target="classify",
+    forbidden=("mlsys_lab.engine.graph:Graph.dependency", "mlsys_lab.engine.graph:Graph.ancestors"),
+    cases=(Case("every pair", 1, probe=_classify_probe, judge=_classify_judge),),
+)
+MATMUL = Exercise(
+    id="97.3", title="A matmul kernel", target="matmul",
+    forbidden=("mlsys_lab.kernels.cpu:_naive_kernel",),
+    cases=(Case("c = a @ b", 1, probe=lambda f, seed: f(*_operands(seed)), judge=_matmul_judge),),
+)
+
+
+@pytest.fixture(autouse=True)
+def test_exercises():
+    register(TOPO, CLASSIFY, MATMUL)
+    yield
+    for exercise in (TOPO, CLASSIFY, MATMUL):
+        checks.EXERCISES.pop(exercise.id, None)
+
+
+def _feedback(result) -> str:
+    return " | ".join(row.feedback for row in result.rows)
+
+
+# ----------------------------------------------------------------------------- forbidden functions
+
+
+def honest_kahn(nodes, edges):
+    indeg = {n: 0 for n in nodes}
+    out = {n: [] for n in nodes}
+    for a, b in edges:
+        indeg[b] += 1
+        out[a].append(b)
+    queue = [n for n in nodes if indeg[n] == 0]
+    order = []
+    while queue:
+        n = queue.pop(0)
+        order.append(n)
+        for m in out[n]:
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                queue.append(m)
+    return order
+
+
+def _pasted_kahn():
+    """kahn's source pasted into a 'cell': renamed, shifted down, docstring rewritten."""
+    source = textwrap.dedent(inspect.getsource(schedule.kahn))
+    doc = schedule.kahn.__doc__
+    source = source.replace(doc, "My own topological sort, honest.")
+    source = source.replace("def kahn(", "def mine(")
+    scope = dict(vars(schedule))
+    exec(compile("\n\n\n" + source, "<pasted cell>", "exec"), scope)
+    return scope["mine"]
+
+
+saved_kahn = schedule.kahn  # "f = kahn" at import time, before any check runs
+
+
+def _swallow_then_call(nodes, edges):
+    try:
+        schedule.kahn(nodes, edges)
+    except Exception:
+        pass
+    return schedule.kahn(nodes, edges)
+
+
+def _profile_off(nodes, edges):
+    sys.setprofile(None)
+    return schedule.kahn(nodes, edges)
+
+
+def _profile_off_by_map(nodes, edges):
+    list(map(sys.setprofile, [None]))  # a C call the profile hook cannot see
+    return schedule.kahn(nodes, edges)
+
+
+def _steal_the_hook(nodes, edges):
+    sys.getprofile().__self__._lifted = 1
+    return schedule.kahn(nodes, edges)
+
+
+def _grader_escape(nodes, edges):
+    with guard.unguarded():
+        return schedule.kahn(nodes, edges)
+
+
+def _in_a_thread(nodes, edges):
+    out = []
+
+    def work():
+        try:
+            out.append(schedule.kahn(nodes, edges))
+        except Exception:  # the refusal, raised in the thread
+            pass
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    return out[0] if out else None
+
+
+def _in_a_pool(nodes, edges):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(schedule.kahn, nodes, edges).result()
+
+
+SHORTCUTS = {
+    "calling it": lambda nodes, edges: schedule.kahn(nodes, edges),
+    "the function itself as the answer": schedule.kahn,
+    "a reference saved at import time": lambda nodes, edges: saved_kahn(nodes, edges),
+    "functools.partial": functools.partial(schedule.kahn),
+    "a copy of its code object": types.FunctionType(
+        schedule.kahn.__code__, vars(schedule), "copy", schedule.kahn.__defaults__
+    ),
+    "its source pasted, renamed and edited": _pasted_kahn(),
+    "catching the refusal and calling again": _swallow_then_call,
+    "sys.setprofile(None)": _profile_off,
+    "sys.setprofile(None) through map()": _profile_off_by_map,
+    "sys.getprofile() to lift the guard": _steal_the_hook,
+    "the grader's own unguarded()": _grader_escape,
+    "in a thread started by the answer": _in_a_thread,
+    "in a thread pool started by the answer": _in_a_pool,
+}
+
+
+def test_an_honest_answer_passes_under_the_guard():
+    result = run_cases("97.1", honest_kahn)
+    assert result.score == 1, _feedback(result)
+
+
+@pytest.mark.parametrize("how", list(SHORTCUTS), ids=list(SHORTCUTS))
+def test_forbidden_function_refuses_every_route(how):
+    result = run_cases("97.1", SHORTCUTS[how])
+    assert result.score == 0, f"{how} got through"
+    text = _feedback(result)
+    assert "off limits" in text or "switch" in text or "cannot trust" in text, text
+    assert sys.getprofile() is None and guard._ACTIVE is None  # the guard cleaned up after itself
+    assert schedule.kahn([1, 2], [(2, 1)]) == [2, 1]  # and kahn works again outside the check
+
+
+def test_refusal_names_the_task_and_the_function():
+    result = run_cases("97.1", SHORTCUTS["a reference saved at import time"])
+    assert result.rows[0].feedback == (
+        "this exercise asks you to write Kahn's algorithm yourself; "
+        "`mlsys_lab.engine.schedule.kahn` is off limits here"
+    )
+
+
+def test_saved_bound_method_is_refused():
+    def honest(graph, a, b):
+        def reaches(src, dst):
+            todo, seen = [dst], set()
+            while todo:
+                node = todo.pop()
+                for value in node.inputs:
+                    if value.producer is src:
+                        return True
+                    if value.producer is not None and id(value.producer) not in seen:
+                        seen.add(id(value.producer))
+                        todo.append(value.producer)
+            return False
+
+        for x, y in ((a, b), (b, a)):
+            if any(v.producer is x for v in y.inputs):
+                return "direct"
+        return "indirect" if reaches(a, b) or reaches(b, a) else "independent"
+
+    assert run_cases("97.2", honest).score == 1
+    saved = Graph.dependency  # captured before the check; the old guard swapped the attribute
+
+    def cheat(graph, a, b):
+        return saved(graph, a, b)
+
+    assert run_cases("97.2", cheat).score == 0
+    assert run_cases("97.2", lambda graph, a, b: graph.dependency(a, b)).score == 0
+
+
+def test_reference_answers_in_the_grading_modules_are_refused():
+    from mlsys_lab.grading.ch00 import _fib  # the grader's own reference for 0.2
+
+    result = run_cases("0.2", _fib)
+    assert result.score == 0
+    assert "`mlsys_lab.grading.ch00._fib` (the grader's own reference)" in _feedback(result)
+    result = run_cases("0.2", lambda n: _fib(n))
+    assert result.score == 0
+
+
+def test_library_shortcuts_of_the_demo_are_refused():
+    import statistics
+
+    def honest(xs):
+        if not xs:
+            raise ValueError("empty")
+        return sum(xs) / len(xs)
+
+    assert run_cases("0.3", honest).score == 4
+    for cheat in (statistics.mean, lambda xs: np.mean(xs), lambda xs: np.array(xs).mean(),
+                  lambda xs: np.average(xs) if xs else statistics.fmean(xs)):
+        result = run_cases("0.3", cheat)
+        assert result.score == 0, _feedback(result)
+        assert "off limits here" in result.rows[0].feedback
+
+
+def test_plan_lists_references_but_not_the_probes_helpers():
+    plan = guard.plan_for(checks.get_exercise("0.2"))
+    labels = " ".join(entry["label"] for entry in plan["code"])
+    assert "ch00._fib`" in labels and "ch00._fib_large_judge`" in labels
+    assert "ch00._big_n`" not in labels  # 0.2's probe uses it
+    assert "ch00._floats`" in labels  # only 0.1's probes use it
+    plan = guard.plan_for(checks.get_exercise("0.1"))
+    assert "ch00._floats`" not in " ".join(entry["label"] for entry in plan["code"])
+
+
+def test_an_unguardable_spec_is_rejected_with_advice():
+    bad = Exercise("97.9", "x", (Case("c", 1, probe=abs, judge=abs),), "f",
+                   forbidden=("numpy:matmul",))
+    with pytest.raises(ValueError, match="cannot guard numpy.matmul"):
+        guard.plan_for(bad)
+
+
+# ----------------------------------------------------------------------------- copies and wrappers
+
+
+def _guarded(specs, fn, *args):
+    """Call ``fn(*args)`` under a guard forbidding ``specs``: the refusal message, else None."""
+    exercise = Exercise("97.8", "x", (Case("c", 1, probe=abs, judge=abs),), "f", forbidden=specs)
+    try:
+        with guard.Guard(guard.plan_for(exercise)).watching():
+            fn(*args)
+    except guard.OffLimitsError as refusal:
+        return str(refusal)
+    return None
+
+
+def _imports_of(module) -> str:
+    """The module's own import statements, made absolute, as a cell would write them."""
+    out = []
+    for node in ast.parse(inspect.getsource(module)).body:
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            if node.level:
+                node.module = importlib.util.resolve_name(
+                    "." * node.level + (node.module or ""), module.__package__)
+                node.level = 0
+            out.append(ast.unparse(node))
+        elif isinstance(node, ast.Import):
+            out.append(ast.unparse(node))
+    return "\n".join(out) + "\n"
+
+
+def _renamed(fn, name: str) -> str:
+    """``fn``'s source with the function, its arguments and every local renamed, the docstring
+    rewritten and decorators dropped."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    node = tree.body[0]
+    node.name, node.decorator_list = name, []
+    if ast.get_docstring(node):
+        node.body[0].value.value = "My own version, honest."
+    bound = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+    bound |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, (ast.Store, ast.Del))}
+    new = {old: f"v{i}" for i, old in enumerate(sorted(bound, reverse=True))}  # reorders cells
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and n.id in new:
+            n.id = new[n.id]
+        elif isinstance(n, ast.arg) and n.arg in new:
+            n.arg = new[n.arg]
+    return ast.unparse(tree) + "\n"
+
+
+def _paste(fn, layout: str, name: str = "mine"):
+    """``fn`` pasted into a cell, renamed throughout: in the module's namespace without its
+    imports, with the module's imports in the cell, or inside a function that does the imports
+    (so the module's names are a closure's free variables)."""
+    module = sys.modules[fn.__module__]
+    source = _renamed(fn, name)
+    if layout == "own imports":
+        source = _imports_of(module) + "\n" + source
+    elif layout == "inside a function":
+        body = _imports_of(module) + source + f"return {name}\n"
+        source = "def cell():\n" + textwrap.indent(body, "    ") + f"\n{name} = cell()\n"
+    scope = dict(vars(module))
+    exec(compile("\n\n" + source, "<pasted cell>", "exec"), scope)
+    return scope[name]
+
+
+LAYOUTS = ["no imports", "own imports", "inside a function"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pasted_kahn_is_refused_in_any_layout(layout):
+    result = run_cases("97.1", _paste(schedule.kahn, layout))
+    assert result.score == 0, f"kahn pasted ({layout}) got through"
+    assert _feedback(result) == (
+        "this exercise asks you to write Kahn's algorithm yourself; "
+        "`mlsys_lab.engine.schedule.kahn` is off limits here (your `mine` is a copy of its code)"
+    )
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("helper", ["_merge_equal_consts", "attr_key"])
+def test_pasted_frontend_helpers_are_refused_in_any_layout(helper, layout):
+    from mlsys_lab.engine.passes import frontend
+
+    spec = f"mlsys_lab.engine.passes.frontend:{helper}"
+    pasted = _paste(getattr(frontend, helper), layout)
+    args = (None, types.SimpleNamespace(consts={}), 0) if helper == "_merge_equal_consts" else (1,)
+    assert "is a copy of its code" in (_guarded((spec,), pasted, *args) or "got through")
+
+
+def honest_merge(rw, graph, max_bytes):
+    """Merge equal small constants: written from the idea, not from the library's code."""
+    first = {}
+    for name in list(graph.consts):
+        array = graph.consts[name]
+        if array.nbytes > max_bytes:
+            continue
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in first:
+            first[key] = rw[name]
+            continue
+        duplicate = rw[name]
+        rw.bind(name, first[key])
+        del rw.consts[duplicate]
+
+
+def test_honest_implementations_of_the_same_idea_are_not_copies():
+    spec = "mlsys_lab.engine.passes.frontend:_merge_equal_consts"
+    for honest in (honest_merge, honest_kahn):  # both big enough to be fingerprinted
+        assert guard._identity(honest.__code__)[1] >= guard.DISTINCTIVE
+    assert _guarded((spec,), honest_merge, None, types.SimpleNamespace(consts={}), 0) is None
+    assert run_cases("97.1", _paste(honest_kahn, "inside a function")).score == 1
+
+
+def _one_line_formula(d, g):  # stands for a short library function
+    return np.correlate(np.asarray(d, np.float64), np.asarray(g, np.float64), "valid").tolist()
+
+
+INDEPENDENT_FORMULA = """
+import numpy as np
+
+
+def correlate_by_hand(x, w):
+    return np.correlate(np.asarray(x, np.float64), np.asarray(w, np.float64), "full").tolist()
+"""
+
+
+def test_a_short_formula_is_matched_by_origin_only():
+    """A one-liner written independently reads the same as the library's (the same calls, other
+    names and mode): that is no evidence of a copy. It is 198 bytes of Python 3.11 bytecode
+    (inline caches) but 19 instructions."""
+    scope: dict = {}
+    exec(compile(INDEPENDENT_FORMULA, "<cell>", "exec"), scope)
+    mine = scope["correlate_by_hand"]
+    spec = f"{__name__}:_one_line_formula"
+    assert len(mine.__code__.co_code) >= 100  # the old size rule called it distinctive
+    assert _guarded((spec,), mine, [1.0, 2.0], [1.0]) is None
+    assert "off limits here" in _guarded((spec,), _one_line_formula, [1.0, 2.0], [1.0])
+
+
+@pytest.mark.parametrize("spec", ["mlsys_lab.engine.passes:cancel_transposes",
+                                  "mlsys_lab.engine.passes.backend:cancel_transposes"])
+def test_a_graph_pass_can_be_forbidden(spec):
+    from mlsys_lab.engine import passes
+
+    def f(x):
+        return ml.ops.transpose(ml.ops.transpose(x, (1, 0)), (1, 0))
+
+    graph = ml.trace(f, np.zeros((2, 3), np.float32))
+    refusal = _guarded((spec,), passes.cancel_transposes, graph)
+    assert refusal is not None and f"`{spec.replace(':', '.')}` is off limits here" in refusal
+    assert _guarded((spec,), passes.cancel_transposes(), graph) is not None  # a configured pass
+
+
+class _Holder:
+    """A wrapper that keeps the wrapped function in ``.fn``, as a ``Pass`` does."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def test_wrappers_stand_for_the_function_they_wrap():
+    from mlsys_lab.engine.passes.rewrite import Pass
+
+    kahn = schedule.kahn
+    wrappers = {
+        "a_partial": functools.partial(kahn, steps=None),
+        "a_wraps_decorated_function": functools.wraps(kahn)(lambda *a, **k: kahn(*a, **k)),
+        "a_pass": Pass(kahn),
+        "an_object_with_fn": _Holder(kahn),
+        "a_staticmethod": staticmethod(kahn),
+        "a_partial_of_a_pass": functools.partial(Pass(kahn)),
+    }
+    module = types.ModuleType("_guard_test_wrappers")
+    vars(module).update(wrappers)
+    sys.modules[module.__name__] = module
+    try:
+        for name, wrapper in wrappers.items():
+            assert guard._unwrap(wrapper) is kahn, name
+            plan = guard.plan_for(Exercise("97.8", "x", (Case("c", 1, probe=abs, judge=abs),),
+                                           "f", forbidden=(f"{module.__name__}:{name}",)))
+            wheres = {(e["file"], e["line"], e["qualname"]) for e in plan["code"]}
+            assert guard._where(kahn.__code__) in wheres, name
+    finally:
+        del sys.modules[module.__name__]
+
+
+class _SubArray(np.ndarray):
+    pass
+
+
+class _SubDict(dict):
+    pass
+
+
+def test_c_methods_are_refused_on_every_class_that_inherits_them():
+    specs = ("numpy:generic.view", "numpy:ndarray.mean", "builtins:dict.fromkeys")
+    sub = np.arange(3.0).view(_SubArray)
+    refused = {
+        "a numpy scalar's view": lambda: np.uint16(15360).view(np.float16),
+        "an ndarray subclass's mean": lambda: sub.mean(),
+        "ndarray.mean called on a subclass": lambda: np.ndarray.mean(sub),
+        "ndarray.mean": lambda: np.arange(3.0).mean(),
+        "a C classmethod through a subclass": lambda: _SubDict.fromkeys("ab"),
+    }
+    for how, call in refused.items():
+        refusal = _guarded(specs, call)
+        assert refusal is not None and "off limits here" in refusal, how
+    assert "`numpy.generic.view`" in _guarded(specs, refused["a numpy scalar's view"])
+    allowed = {  # the same names on classes that do not inherit the forbidden method
+        "ndarray.view": lambda: np.arange(3.0).view(np.int64),
+        "a numpy scalar's mean (generic.mean)": lambda: np.float64(2.0).mean(),
+        "another method of the class": lambda: _SubDict(a=1).get("a"),
+    }
+    for how, call in allowed.items():
+        assert _guarded(specs, call) is None, how
+
+
+def test_a_forbidden_dataclass_does_not_refuse_every_dataclass():
+    """Every dataclass's generated ``__init__`` is compiled at ("<string>", 2, ...): the origin
+    alone cannot tell them apart."""
+    from mlsys_lab.engine.memory import Lifetime
+
+    @dataclasses.dataclass
+    class Mine:
+        name: str
+        bytes: int = 0
+
+    spec = ("mlsys_lab.engine.memory:Lifetime",)
+    assert guard._where(Mine.__init__.__code__) == guard._where(Lifetime.__init__.__code__)
+    assert _guarded(spec, Mine, "a", 3) is None
+    assert "Lifetime.__init__` is off limits here" in _guarded(spec, Lifetime, "a", 3, 0, 1)
+
+
+# ----------------------------------------------------------------------------- Numba
+
+
+def _naive_source_kernel():
+    """``_naive_kernel``'s source pasted into a cell and compiled with @njit."""
+    from numba import njit
+
+    from mlsys_lab.kernels import cpu
+
+    source = textwrap.dedent(inspect.getsource(cpu._naive_kernel.py_func))
+    source = "\n".join(ln for ln in source.splitlines() if not ln.startswith("@"))
+    scope: dict = {}
+    exec(compile(source.replace("_naive_kernel", "my_kernel"), "<pasted>", "exec"), scope)
+    return njit(scope["my_kernel"])
+
+
+@pytest.fixture(scope="module")
+def numba_answers():
+    """Each answer is compiled before the check runs, as a notebook cell would have done."""
+    from numba import njit
+
+    from mlsys_lab.kernels import cpu
+
+    kernel = cpu._naive_kernel
+    a, b = _operands(0)
+
+    def wrap(k):
+        def matmul(a, b):
+            c = np.zeros((a.shape[0], b.shape[1]))
+            k(np.ascontiguousarray(a), np.ascontiguousarray(b), c)
+            return c
+
+        matmul(a, b)  # compile now, outside any check
+        return matmul
+
+    @njit
+    def honest_kernel(a, b, c):
+        for i in range(a.shape[0]):
+            for p in range(a.shape[1]):
+                for j in range(b.shape[1]):
+                    c[i, j] += a[i, p] * b[p, j]
+
+    @njit
+    def calls_inside(a, b):
+        c = np.zeros((a.shape[0], b.shape[1]))
+        kernel(a, b, c)
+        return c
+
+    calls_inside(a, b)
+    wrap(kernel)
+    sig = next(iter(kernel.overloads))
+    entry = kernel.overloads[sig].entry_point
+    answers = {
+        "honest": wrap(honest_kernel),
+        "calling the library kernel": wrap(kernel),
+        "a kernel that calls it in compiled code": calls_inside,
+        "njit(kernel.py_func)": wrap(njit(kernel.py_func)),
+        "its source pasted under @njit": wrap(_naive_source_kernel()),
+        "its compiled entry point": wrap(lambda a, b, c: entry(a, b, c)),
+    }
+    return answers
+
+
+NUMBA_CHEATS = ["calling the library kernel", "a kernel that calls it in compiled code",
+                "njit(kernel.py_func)", "its source pasted under @njit", "its compiled entry point"]
+
+
+def test_numba_honest_kernel_passes(numba_answers):
+    result = run_cases("97.3", numba_answers["honest"])
+    assert result.score == 1, _feedback(result)
+
+
+@pytest.mark.parametrize("how", NUMBA_CHEATS)
+def test_numba_kernel_refuses_every_route(how, numba_answers):
+    from mlsys_lab.kernels import cpu
+
+    result = run_cases("97.3", numba_answers[how])
+    assert result.score == 0, f"{how} got through"
+    assert "_naive_kernel" in _feedback(result) and "off limits" in _feedback(result)
+    a, b = _operands(1)
+    np.testing.assert_allclose(cpu.matmul_naive(a, b), a @ b)  # switched back on afterwards
+
+
+def test_numba_swapped_py_func_does_not_hide_the_kernel(numba_answers, monkeypatch):
+    from mlsys_lab.kernels import cpu
+
+    monkeypatch.setattr(cpu._naive_kernel, "py_func", lambda a, b, c: None)
+    result = run_cases("97.3", numba_answers["calling the library kernel"])
+    assert result.score == 0 and "off limits" in _feedback(result)
+
+
+# ----------------------------------------------------------------------------- judges and the wire
+
+
+def test_the_wire_round_trips_plain_data_and_never_pickles():
+    value = {"a": (1, 2.5, float("nan"), None), 3: [np.arange(4.0), np.float32(2)],
+             "big": 7 ** 6000, "s": {1, 2}, "c": 1 + 2j, "b": b"\x00"}
+    back = wire.decode(json.loads(json.dumps(wire.encode(value))))
+    assert back["a"][:2] == (1, 2.5) and np.isnan(back["a"][2]) and back["big"] == 7 ** 6000
+    assert back[3][0].tolist() == [0, 1, 2, 3] and back[3][1].dtype == np.float32
+    assert back["s"] == {1, 2} and back["c"] == 1 + 2j and back["b"] == b"\x00"
+    for zero_d in (np.array(2.5), np.float64(2.5), np.ones((3, 2))[:, 0]):  # shapes survive
+        assert wire.decode(wire.encode(zero_d)).shape == np.shape(zero_d)
+
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+
+    assert type(wire.decode(wire.encode(Liar(3)))) is int
+    assert isinstance(wire.decode(wire.encode(object())), wire.Opaque)
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([object()]), allow_pickle=True)
+    forged = {"$": "ndarray", "npy": base64.b64encode(buffer.getvalue()).decode()}
+    with pytest.raises(wire.WireError):
+        wire.decode(forged)
+
+
+def test_judges_trust_only_raw_results():
+    exercise = checks.get_exercise("0.1")
+
+    def payload(*records):
+        return {"cases": list(records)}
+
+    good = {"name": "square(3) == 9", "kind": "probe", "status": "ok", "value": 9}
+    forged_verdict = {"name": "square(3) == 9", "kind": "legacy", "passed": True}
+    assert judge_exercise(exercise, payload(good), 0).rows[0].passed
+    assert not judge_exercise(exercise, payload(forged_verdict), 0).rows[0].passed
+    twice = judge_exercise(exercise, payload(good, good), 0).rows[0]
+    assert not twice.passed and "tampering" in twice.feedback
+    assert judge_exercise(exercise, None, 0).score == 0
+
+
+def test_cases_declare_both_halves():
+    with pytest.raises(ValueError, match="both a probe and a judge"):
+        Case("x", 1, probe=abs)
+    with pytest.raises(ValueError, match="either fn"):
+        Case("x", 1, abs, probe=abs, judge=abs)
+    assert [c for c in legacy_cases() if c[0].startswith("0.")] == []  # the template is converted
+
+
+def test_check_with_a_seed_repeats_its_inputs(capsys):
+    seen = []
+
+    def square(x):
+        seen.append(x)
+        return x * x + (1 if len(seen) == 3 else 0)
+
+    first = checks.check("0.1", square, seed=11)
+    assert not first.passed and "seed=11" in capsys.readouterr().out
+    again, seen[:] = list(seen), []
+    checks.check("0.1", square, seed=11)
+    assert seen == again
+
+
+# ----------------------------------------------------------------------------- the grader
+
+
+def _notebook(source_by_id: dict[str, str], path: Path, base: Path = DEMO_EXERCISE,
+              extra: str | None = None) -> Path:
+    nb = nbformat.read(base, as_version=4)
+    for cell in nb.cells:
+        for ex_id, source in source_by_id.items():
+            if f"answer:{ex_id}" in cell.metadata.get("tags", []):
+                cell.source = source
+    if extra is not None:  # a hostile cell right after the first answer cell
+        first = next(i for i, c in enumerate(nb.cells) if "answer:" in str(c.metadata))
+        nb.cells.insert(first + 1, nbformat.v4.new_code_cell(extra))
+    nbformat.write(nb, path)
+    return path
+
+
+def _points(report) -> dict[str, float]:
+    return {row.exercise: row.points for row in report.rows}
+
+
+RUN_CASE_ATTACK = """
+import mlsys_lab.grading.checks as c
+c._run_case = lambda case, answers: c.CaseResult(case.name, case.points, case.points, True)
+c.run_cases = lambda exercise_id, *a, **k: None
+"""
+
+JUDGE_ATTACK = """
+import mlsys_lab.grading.checks as c, mlsys_lab.grading.judge as j, mlsys_lab.grading.ch00 as ch
+for name in dir(ch):
+    if name.endswith("_judge"):
+        setattr(ch, name, lambda *a, **k: None)
+for exercise in c.EXERCISES.values():
+    for case in exercise.cases:
+        object.__setattr__(case, "judge", lambda *a, **k: None)
+        object.__setattr__(case, "probe", lambda *a, **k: 0)
+j.judge_exercise = lambda exercise, payload, seed: c.CheckResult(
+    exercise.id, exercise.title, exercise.max_points, exercise.max_points)
+"""
+
+# A fake probe module that sends perfect raw results for 0.1 (whatever the seed): it would score
+# if the hidden cell imported the grading code from the kernel's sys.modules.
+SYS_MODULES_ATTACK = """
+import sys, types, json
+from IPython.display import publish_display_data
+from mlsys_lab.grading.ch00 import _floats
+fake = types.ModuleType("mlsys_lab.grading.probe")
+fake.MIME = "application/vnd.mlsys-lab.probe+json"
+def emit(exercise_id, namespace, seed, marker, plan):
+    cases = [{"name": "square(3) == 9", "kind": "probe", "status": "ok", "value": 9},
+             {"name": "square(-1.5) and random floats", "kind": "probe", "status": "ok",
+              "value": [x * x for x in _floats(seed)]}]
+    payload = {"exercise": exercise_id, "cases": cases, "marker": marker}
+    publish_display_data({fake.MIME: json.dumps(payload)})
+fake.emit = emit
+fake.run_exercise = lambda *a, **k: None
+for name in [*sys.modules, "mlsys_lab.grading.probe", "mlsys_lab.grading.checks"]:
+    if name.startswith("mlsys_lab.grading."):
+        sys.modules[name] = fake
+"""
+
+# The answer finds the grader's marker and seed in the hidden cell's frame and sends a perfect
+# payload of its own, computed with the real answers.
+FAKE_RESULT_ANSWER = """
+import json, sys
+from IPython.display import publish_display_data
+
+def square(x):
+    frame = sys._getframe(1)
+    while frame and "marker" not in frame.f_locals:
+        frame = frame.f_back
+    marker, seed = frame.f_locals["marker"], frame.f_locals["seed"]
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    xs = [-1.5] + [round(float(v), 3) for v in rng.uniform(-50, 50, 5)]
+    cases = [{"name": "square(3) == 9", "kind": "probe", "status": "ok", "value": 9},
+             {"name": "square(-1.5) and random floats", "kind": "probe", "status": "ok",
+              "value": [v * v for v in xs]}]
+    payload = {"exercise": "0.1", "cases": cases, "marker": marker}
+    publish_display_data({"application/vnd.mlsys-lab.probe+json": json.dumps(payload)})
+    print("\\n__MLSYS_GRADE__" + json.dumps(payload))
+    raise NotImplementedError("stub")
+"""
+
+
+@pytest.mark.parametrize(
+    "attack", [RUN_CASE_ATTACK, JUDGE_ATTACK, SYS_MODULES_ATTACK],
+    ids=["patch _run_case", "patch the judges", "replace sys.modules entries"],
+)
+def test_the_kernel_cannot_change_the_verdict(attack, tmp_path):
+    report = grade(_notebook({}, tmp_path / "ch00_attack.ipynb", extra=attack),
+                   cell_timeout=30, timeout=120)
+    assert (report.total, report.max) == (0, 12), report.to_table()
+
+
+def test_a_fake_result_from_the_answer_scores_zero(tmp_path):
+    path = _notebook({"0.1": FAKE_RESULT_ANSWER}, tmp_path / "ch00_fake.ipynb")
+    report = grade(path, cell_timeout=30, timeout=120)
+    assert _points(report)["0.1"] == 0, report.to_table()
+    assert "arrived more than once" in report.rows[0].feedback
+
+
+def test_run_case_attack_on_chapter_8(tmp_path):
+    """The issue's attack: two lines in an answer cell once scored 16/16 on chapter 8."""
+    path = _notebook({}, tmp_path / "ch08_attack.ipynb", base=CH08_EXERCISE,
+                     extra=RUN_CASE_ATTACK)
+    report = grade(path, cell_timeout=120, timeout=600)
+    assert report.total == 0 and report.max > 0, report.to_table()
+
+
+def test_shortcuts_score_zero_under_the_grader(tmp_path):
+    answers = {
+        "0.2": "from mlsys_lab.grading.ch00 import _fib as fib\n",
+        "0.3": "import statistics\n\ndef mean(xs):\n    return statistics.mean(xs)\n",
+    }
+    report = grade(_notebook(answers, tmp_path / "ch00_cheat.ipynb"), cell_timeout=30,
+                   timeout=120)
+    assert _points(report) == {"0.1": 0, "0.2": 0, "0.3": 0}, report.to_table()
+    assert "ch00._fib` (the grader's own reference) is off limits" in report.rows[1].feedback
+    assert "`statistics.mean` is off limits" in report.rows[2].feedback
+
+
+FIB = "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a"
+
+
+def test_the_answer_counts_wherever_it_is_written(tmp_path):
+    """0.1: the stub stays, the answer is in a new cell below it. 0.2: the stub cell is deleted
+    and the answer sits in an untagged cell. Both are graded at their check cell."""
+    nb = nbformat.read(DEMO_EXERCISE, as_version=4)
+    cells = []
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if "answer:0.2" in tags:
+            cells.append(nbformat.v4.new_code_cell(FIB))
+            continue
+        cells.append(cell)
+        if "answer:0.1" in tags:
+            cells.append(nbformat.v4.new_code_cell("def square(x):\n    return x * x\n"))
+    nb.cells = cells
+    # A later cell redefines square wrongly: the check cell above it is what counts.
+    nb.cells.append(nbformat.v4.new_code_cell("def square(x):\n    return 0\n"))
+    nbformat.write(nb, tmp_path / "ch00_layout.ipynb")
+    report = grade(tmp_path / "ch00_layout.ipynb", cell_timeout=30, timeout=120)
+    assert _points(report) == {"0.1": 3, "0.2": 5, "0.3": 0}, report.to_table()
+    assert report.notes == [], report.to_table()
+
+
+# ----------------------------------------------------------------------------- issue 27: holes
+#
+# One cheat per hole the independent tester found, on real chapter exercises (2-13). Each cheat
+# is first shown to be a correct answer when no guard watches (so the zero below is the guard's
+# doing), then scores zero on the cases that test the idea.
+
+import _thread  # noqa: E402
+import ast as _ast  # noqa: E402
+import contextlib  # noqa: E402
+import os  # noqa: E402
+
+from mlsys_lab.grading import probe  # noqa: E402
+from mlsys_lab.grading.exercise import get_exercise  # noqa: E402
+
+STDLIB_FILE = os.path.realpath(json.__file__)  # a file under the installed Python
+
+
+class _NoGuard:
+    """Stands in for the guard: the probes run unwatched (what a cheat would get without it)."""
+
+    def __init__(self, *args, **kwargs):
+        self.violations = []
+
+    @contextlib.contextmanager
+    def watching(self):
+        yield self
+
+
+def _recode(code: types.CodeType, filename: str) -> types.CodeType:
+    consts = tuple(_recode(c, filename) if isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _clone(fn, filename: str = STDLIB_FILE, name: str | None = None):
+    """H1: ``fn`` with its code (and nested code) claiming to come from the installed Python."""
+    fn = guard._unwrap(fn)
+    code = _recode(fn.__code__, filename)
+    if name is not None:
+        code = code.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name or fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+
+
+def _paste_padded(fn, padding: str = "_unused = None"):
+    """H2: ``fn``'s source pasted into a cell, renamed, with a no-op line added to its body."""
+    fn = guard._unwrap(fn)
+    source = textwrap.dedent(inspect.getsource(fn))
+    tree = _ast.parse(source)
+    node = tree.body[0]
+    lines = source.splitlines()
+    first = node.body[0]
+    skip_doc = isinstance(first, _ast.Expr) and isinstance(getattr(first, "value", None),
+                                                           _ast.Constant)
+    at = (first.end_lineno if skip_doc else first.lineno - 1)
+    indent = " " * node.body[-1].col_offset
+    lines.insert(at, indent + padding)
+    lines = lines[node.lineno - 1:]  # no decorators
+    text = "\n".join(lines).replace(f"def {fn.__name__}(", "def pasted(", 1)
+    scope = dict(fn.__globals__)
+    exec(compile("\n\n" + text, "<cell>", "exec"), scope)
+    return scope["pasted"]
+
+
+def _softmax_loss(params, X, y):
+    logits = ml.ops.matmul(X, params["W"]) + params["b"]
+    return ml.ops.cross_entropy(logits, y)
+
+
+def _cheat_answers(ex_id: str, transform):
+    """The exercise's answer(s) built from a library function or the grader's reference, with
+    ``transform`` (identity, _clone, _paste_padded) applied to the function that does the work."""
+    from mlsys_lab.distributed import pipeline_parallel
+    from mlsys_lab.engine.passes import frontend
+    from mlsys_lab.grading import ch02, ch03, ch07, ch09, ch10
+    from mlsys_lab.recsys import metrics, sharding
+
+    if ex_id == "3.3":
+        ref = transform(ch03._ref_loss_grad)
+
+        def sgd_step(params, X, y, lr):
+            _, g = ref(params, X, y)
+            return {k: params[k] - lr * g[k] for k in params}
+        return (_softmax_loss, sgd_step)
+    if ex_id == "8.3":
+        from mlsys_lab.kernels import roofline
+        return (transform(roofline.tile_intensity),
+                lambda m, n, k, dtype_bytes: (m * k + k * n + m * n) * dtype_bytes,
+                transform(roofline.attainable))
+    work = {
+        "2.1": ch02._ref_epoch, "4.1": schedule.kahn, "6.3": frontend.cse,
+        "7.3": ch07._list_schedule, "9.3": ch09._reference_bottleneck, "10.1": ch10._bn_reference,
+        "11.2": pipeline_parallel.one_f_one_b_schedule, "13.2": metrics.recall_at_k,
+        "13.3": sharding.balanced_placement,
+    }[ex_id]
+    return (transform(work),)
+
+
+#: exercise -> the cases that test the idea (the cheat must score zero on them).
+IDEA_CASES = {
+    "2.1": None, "3.3": ("sgd_step is pure and correct",), "4.1": None, "6.3": None,
+    "7.3": None, "9.3": None, "10.1": None, "11.2": None, "13.2": None, "13.3": None,
+}
+
+
+def _idea_rows(result, ex_id):
+    names = IDEA_CASES.get(ex_id)
+    return [row for row in result.rows if names is None or row.name in names]
+
+
+def _passes_unguarded(ex_id, answers, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(probe, "Guard", _NoGuard)
+        result = run_cases(ex_id, *answers, seed=3)
+    rows = _idea_rows(result, ex_id)
+    assert rows and all(row.passed for row in rows), result.report()
+
+
+@pytest.mark.parametrize("ex_id", sorted(IDEA_CASES, key=lambda i: float(i)))
+def test_h1_a_clone_claiming_a_library_file_is_refused(ex_id, monkeypatch):
+    """H1: ``code.replace(co_filename=<stdlib path>)``, recursively, renamed or not."""
+    _passes_unguarded(ex_id, _cheat_answers(ex_id, lambda f: f), monkeypatch)
+    for transform in (_clone, functools.partial(_clone, name="my_own")):
+        result = run_cases(ex_id, *_cheat_answers(ex_id, transform), seed=3)
+        rows = _idea_rows(result, ex_id)
+        assert all(row.points == 0 for row in rows), result.report()
+        assert "off limits" in _feedback(result), result.report()
+
+
+def test_h1_a_library_module_compiled_under_a_stdlib_name_is_refused():
+    with open(schedule.__file__, encoding="utf-8") as f:
+        source = f.read()
+    scope = {"__name__": "mlsys_lab.engine.not_the_library", "__package__": "mlsys_lab.engine"}
+    exec(compile(source, STDLIB_FILE, "exec"), scope)
+    result = run_cases("97.1", scope["kahn"], seed=1)
+    assert result.score == 0 and "off limits" in _feedback(result), result.report()
+
+
+@pytest.mark.parametrize("ex_id", sorted(IDEA_CASES, key=lambda i: float(i)))
+def test_h2_a_paste_with_an_added_line_is_refused(ex_id, monkeypatch):
+    """H2: the reference (or library function) pasted with a no-op line: not one exact hash."""
+    _passes_unguarded(ex_id, _cheat_answers(ex_id, _paste_padded), monkeypatch)
+    for padding in ("_unused = None", "_a = 1; _b = 2; _c = None"):
+        result = run_cases(ex_id, *_cheat_answers(
+            ex_id, functools.partial(_paste_padded, padding=padding)), seed=3)
+        rows = _idea_rows(result, ex_id)
+        assert all(row.points == 0 for row in rows), result.report()
+        assert "is a copy of its code" in _feedback(result), result.report()
+
+
+def test_similarity_separates_copies_from_independent_answers():
+    """Independent answers stay far below the threshold; padded or renamed pastes above it."""
+    assert guard.similarity(honest_kahn.__code__, schedule.kahn.__code__) < 0.5
+    assert guard.similarity(_paste_padded(schedule.kahn).__code__, schedule.kahn.__code__) == 1.0
+    renamed = _paste_padded(schedule.kahn, "count_me = 0\n    count_me = count_me + 1")
+    assert guard.similarity(renamed.__code__, schedule.kahn.__code__) >= guard.SIMILAR
+
+
+# Independent correct answers, written for these tests (not copied from the references): they
+# must keep full marks under the guard.
+
+def kahn_with_deque(nodes, edges):
+    """4.1 with a Counter of in-degrees and a deque."""
+    from collections import Counter, deque
+    indegree = Counter(dst for _, dst in edges)
+    after = {}
+    for src, dst in edges:
+        after.setdefault(src, []).append(dst)
+    queue = deque(n for n in nodes if indegree[n] == 0)
+    order = []
+    while queue:
+        node = queue.popleft()
+        order.append(node)
+        for nxt in after.get(node, ()):
+            indegree[nxt] -= 1
+            if not indegree[nxt]:
+                queue.append(nxt)
+    if len(order) != len(nodes):
+        raise ml.CycleError(f"{len(nodes) - len(order)} nodes lie on a cycle")
+    return order
+
+
+def kahn_with_a_cursor(nodes, edges):
+    """4.1 with a growing list read by a cursor, and edge counts kept in a list."""
+    position = {n: i for i, n in enumerate(nodes)}
+    waiting = [0] * len(nodes)
+    targets = [[] for _ in nodes]
+    for src, dst in edges:
+        waiting[position[dst]] += 1
+        targets[position[src]].append(position[dst])
+    line = [i for i in range(len(nodes)) if waiting[i] == 0]
+    cursor = 0
+    while cursor < len(line):
+        for t in targets[line[cursor]]:
+            waiting[t] -= 1
+            if waiting[t] == 0:
+                line.append(t)
+        cursor += 1
+    if cursor < len(nodes):
+        raise ml.CycleError("the graph has a cycle")
+    return [nodes[i] for i in line]
+
+
+def recall_by_sets(retrieved, relevant, k):
+    """13.2, written from the definition."""
+    wanted = set(relevant)
+    if not wanted or k < 1:
+        raise ValueError("recall needs a relevant item and k >= 1")
+    hits = set()
+    for item in list(retrieved)[:k]:
+        if item in wanted:
+            hits.add(item)
+    return len(hits) / min(len(wanted), k)
+
+
+def schedule_by_events(graph, workers, cost):
+    """7.3 as an event simulation with a heap of finishing times (critical path first)."""
+    import heapq
+    ids = [n.id for n in graph.nodes]
+    preds = {n.id: {v.producer.id for v in n.inputs if v.producer is not None}
+             for n in graph.nodes}
+    children = {i: [] for i in ids}
+    for i, ps in preds.items():
+        for p in ps:
+            children[p].append(i)
+    height = {}
+    for i in reversed(ids):
+        height[i] = cost[i] + max([height[c] for c in children[i]] or [0.0])
+    waiting = {i: len(preds[i]) for i in ids}
+    ready = [(-height[i], i) for i in ids if waiting[i] == 0]
+    heapq.heapify(ready)
+    idle, running, done, t = list(range(workers)), [], {}, 0.0
+    while len(done) < len(ids):
+        while ready and idle:
+            _, i = heapq.heappop(ready)
+            w = idle.pop(0)
+            done[i] = (w, t, t + cost[i])
+            heapq.heappush(running, (t + cost[i], i, w))
+        t, i, w = heapq.heappop(running)
+        idle.append(w)
+        idle.sort()
+        for c in children[i]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                heapq.heappush(ready, (-height[c], c))
+        while running and running[0][0] == t:
+            _, j, v = heapq.heappop(running)
+            idle.append(v)
+            idle.sort()
+            for c in children[j]:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    heapq.heappush(ready, (-height[c], c))
+    return done
+
+
+@pytest.mark.parametrize("ex_id, answer", [
+    ("4.1", lambda: kahn_with_deque), ("4.1", lambda: kahn_with_a_cursor),
+    ("13.2", lambda: recall_by_sets), ("7.3", lambda: schedule_by_events),
+], ids=["4.1 deque", "4.1 cursor", "13.2 sets", "7.3 events"])
+def test_independent_answers_keep_full_marks(ex_id, answer):
+    for seed in (1, 2, 3):
+        result = run_cases(ex_id, answer(), seed=seed)
+        assert result.score == result.max, result.report()
+
+
+# H4 and H5: the result's way out and the probes' dependencies are sealed. ``guard.seal`` is what
+# the grader's first cell runs in a fresh kernel; ``probe.emit`` is what its hidden cell runs.
+
+SEAL_KEY = "test-seal"
+
+
+@pytest.fixture
+def sealed():
+    import builtins
+
+    def make(*ex_ids):
+        return guard.seal(SEAL_KEY, ex_ids)
+
+    yield make
+    vars(builtins).pop(guard._SEAL_NAME.format(SEAL_KEY), None)
+
+
+def _emit(ex_id, namespace, capsys, seed=5):
+    """Run the hidden cell's ``emit`` here; return the grader's verdict on what it sent."""
+    exercise = get_exercise(ex_id)
+    marker = "__MARK__"
+    capsys.readouterr()
+    probe.emit(ex_id, namespace, seed, marker, guard.plan_for(exercise), SEAL_KEY)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith(marker))
+    return judge_exercise(exercise, json.loads(line[len(marker):]), seed)
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError("stub")
+
+
+H4_EXERCISES = ["2.1", "3.3", "4.1", "6.3", "7.3", "8.3", "9.3", "10.1", "11.2", "13.2"]
+
+
+@pytest.mark.parametrize("ex_id", H4_EXERCISES)
+def test_h4_a_patched_json_dumps_cannot_forge_the_result(ex_id, sealed, capsys, monkeypatch):
+    """H4: the answers are stubs; ``json.dumps`` re-runs the probes with the library (outside
+    the guard) and swaps the cases in. The payload leaves through the sealed encoder, and the
+    changed ``json.dumps`` fails every case."""
+    exercise = get_exercise(ex_id)
+    cheat = _cheat_answers(ex_id, lambda f: f)
+    if ex_id != "3.3":  # the forger's answers are right (3.3's only on its idea case)
+        _passes_unguarded(ex_id, cheat, monkeypatch)
+    sealed(ex_id)
+    real_dumps = json.dumps
+
+    def forging_dumps(obj, *args, **kwargs):
+        if isinstance(obj, dict) and "marker" in obj and "cases" in obj:
+            with monkeypatch.context() as m:
+                m.setattr(probe, "Guard", _NoGuard)
+                honest = probe.run_exercise(exercise, cheat, obj["seed"])
+            obj = {**obj, "cases": honest["cases"]}
+        return real_dumps(obj, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", forging_dumps)
+    namespace = {target: _stub for target in exercise.targets}
+    result = _emit(ex_id, namespace, capsys)
+    assert result.score == 0, result.report()
+    assert all("changed `json.dumps`" in row.feedback for row in result.rows), result.report()
+
+
+def test_sealed_emit_keeps_full_marks_for_honest_answers(sealed, capsys):
+    sealed("4.1", "13.2")
+    for ex_id, answer in (("4.1", kahn_with_deque), ("13.2", recall_by_sets)):
+        namespace = {get_exercise(ex_id).targets[0]: answer}
+        result = _emit(ex_id, namespace, capsys)
+        assert result.score == result.max, result.report()
+
+
+def test_a_missing_seal_fails_every_case(sealed, capsys):
+    import builtins
+    sealed("4.1")
+    vars(builtins).pop(guard._SEAL_NAME.format(SEAL_KEY))
+    result = _emit("4.1", {"topological_sort": kahn_with_deque}, capsys)
+    assert result.score == 0 and "record of this kernel is gone" in _feedback(result)
+
+
+def _solution_source(notebook: str, name: str) -> dict:
+    nb = nbformat.read(ROOT / "solutions" / notebook, as_version=4)
+    scope = {}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.lstrip().startswith(("import", "from")):
+            exec(cell.source, scope)
+            break
+    source = next(c.source for c in nb.cells
+                  if c.cell_type == "code" and f"def {name}(" in c.source)
+    exec(source, scope)
+    return scope
+
+
+def test_h5_a_replaced_simulator_fails_the_case(sealed, capsys, monkeypatch):
+    """H5 (11.1): the probe's simulator, pipeline helpers and threading are the kernel's own
+    modules; replacing any of them (here with pass-through wrappers that could fake anything)
+    fails every case, while the honest answer keeps full marks."""
+    from mlsys_lab.distributed import pipeline_parallel, sim
+
+    answer = _solution_source("ch11_distributed_training.ipynb", "ring_allreduce")
+    sealed("11.1")
+    namespace = {"ring_allreduce": answer["ring_allreduce"]}
+    honest = _emit("11.1", namespace, capsys)
+    assert honest.score == honest.max, honest.report()
+    real_run = sim.run
+    replacements = [
+        (sim, "run", lambda *a, **k: real_run(*a, **k), "`mlsys_lab.distributed.sim.run`"),
+        (pipeline_parallel, "make_schedule", lambda *a, **k: None, "make_schedule"),
+        (threading.Thread, "run", lambda self: None, "threading.Thread.run"),
+        (sim.Cluster, "__init__", sim.Cluster.__init__, None),  # the same object: no change
+    ]
+    for owner, name, fake, where in replacements:
+        with monkeypatch.context() as m:
+            m.setattr(owner, name, fake)
+            result = _emit("11.1", namespace, capsys)
+        if where is None:
+            assert result.score == result.max, result.report()
+        else:
+            assert result.score == 0 and where in _feedback(result), result.report()
+
+
+def test_h5_swapping_a_functions_code_is_seen(sealed, capsys, monkeypatch):
+    from mlsys_lab.distributed import sim
+
+    sealed("4.1")
+    monkeypatch.setattr(sim.run, "__code__", (lambda *a, **k: None).__code__)
+    result = _emit("4.1", {"topological_sort": kahn_with_deque}, capsys)
+    assert result.score == 0 and "`mlsys_lab.distributed.sim.run`" in _feedback(result)
+
+
+# H10: threads started before a check cannot be watched on Python < 3.12.
+
+def test_h10_a_thread_pool_started_before_the_check_fails_it():
+    guard._local_seal()  # the kernel's threads are known before the notebook starts any
+    pool = ThreadPoolExecutor(1)
+    pool.submit(lambda: None).result()  # its worker is running, idle
+
+    def topological_sort(nodes, edges):
+        return pool.submit(schedule.kahn, nodes, edges).result()
+
+    try:
+        result = run_cases("97.1", topological_sort, seed=1)
+    finally:
+        pool.shutdown()
+    if sys.version_info < (3, 12):
+        assert result.score == 0 and "still running" in _feedback(result), result.report()
+    else:  # the hook reaches running threads too
+        assert result.score == 0 and "off limits" in _feedback(result), result.report()
+    assert run_cases("97.1", honest_kahn, seed=1).score == 1  # once it is shut down
+
+
+def test_h10_a_raw_thread_started_during_the_check_is_refused():
+    def topological_sort(nodes, edges):
+        out, done = [], threading.Event()
+
+        def work():
+            try:
+                out.append(schedule.kahn(nodes, edges))
+            finally:
+                done.set()
+        _thread.start_new_thread(work, ())
+        done.wait(5)
+        return out[0] if out else None
+
+    result = run_cases("97.1", topological_sort, seed=1)
+    assert result.score == 0 and "`_thread`" in _feedback(result), result.report()
+
+
+# The same holes through the real grader, in a kernel (the demo notebook: quick).
+
+CLONE_ANSWERS = {  # H1: the library's and the grader's functions, claiming a stdlib file
+    "0.2": ("import json, types\nfrom mlsys_lab.grading.ch00 import _fib\n"
+            "def _recode(c):\n"
+            "    k = tuple(_recode(x) if isinstance(x, types.CodeType) else x\n"
+            "              for x in c.co_consts)\n"
+            "    return c.replace(co_filename=json.__file__, co_consts=k, co_name='fib',\n"
+            "                     co_qualname='fib')\n"
+            "fib = types.FunctionType(_recode(_fib.__code__), _fib.__globals__, 'fib')\n"),
+    # H10: the work goes to a pool whose worker was started before the check
+    "0.3": ("import statistics\nfrom concurrent.futures import ThreadPoolExecutor\n"
+            "pool = ThreadPoolExecutor(1)\npool.submit(int).result()\n"
+            "def mean(xs):\n    return pool.submit(statistics.mean, xs).result()\n"),
+}
+
+# H4: the answers stay stubs; json.dumps re-runs every probe with the library and swaps the
+# cases into the payload the hidden cell sends.
+JSON_FORGER = """
+import json, statistics
+from mlsys_lab.grading import probe as _probe, exercise as _exercise
+from mlsys_lab.grading.ch00 import _fib
+_real_dumps = json.dumps
+_cheats = {"0.1": [lambda x: x * x], "0.2": [_fib], "0.3": [statistics.mean]}
+def _forge(obj, *args, **kwargs):
+    if isinstance(obj, dict) and "marker" in obj and obj.get("exercise") in _cheats:
+        exercise = _exercise.get_exercise(obj["exercise"])
+        empty = {"task": "", "code": [], "builtins": []}
+        fresh = _probe.run_exercise(exercise, _cheats[obj["exercise"]], obj["seed"], empty)
+        obj = {**obj, "cases": fresh["cases"]}
+    return _real_dumps(obj, *args, **kwargs)
+json.dumps = _forge
+"""
+
+
+def test_clones_and_early_threads_score_zero_under_the_grader(tmp_path):
+    report = grade(_notebook(CLONE_ANSWERS, tmp_path / "ch00_clones.ipynb"), cell_timeout=30,
+                   timeout=120)
+    points = _points(report)
+    assert points["0.2"] == 0 and points["0.3"] == 0, report.to_table()
+    assert "is a copy of its code" in report.rows[1].feedback, report.to_table()
+    assert "still running" in report.rows[2].feedback, report.to_table()
+
+
+def test_a_forged_json_dumps_scores_zero_under_the_grader(tmp_path):
+    report = grade(_notebook({}, tmp_path / "ch00_json.ipynb", extra=JSON_FORGER),
+                   cell_timeout=30, timeout=120)
+    assert (report.total, report.max) == (0, 12), report.to_table()
+    assert all("changed `json.dumps`" in row.feedback for row in report.rows), report.to_table()
+
+
+class _Publisher:
+    def publish(self, data):
+        return data
+
+
+def test_h4_a_patched_display_publisher_is_seen(monkeypatch):
+    """The objects the payload passes through (the kernel's shell, display publisher, session
+    and socket) are sealed too: a method shadowed on the instance, or the object swapped for
+    another class, is a change."""
+    publisher = _Publisher()
+    monkeypatch.setattr(guard, "_channel_objects", lambda: [("its display publisher", publisher)])
+    state = guard.seal()
+    assert guard.tampered(state) == []
+    publisher.publish = lambda data: None
+    assert guard.tampered(state) == ["its display publisher's `publish`"]
+    del publisher.publish
+    publisher.__class__ = type("Forger", (_Publisher,), {})
+    assert guard.tampered(state) == ["its display publisher"]
+
+
+def test_the_notebooks_own_namespace_is_never_trusted(monkeypatch):
+    """``check()`` in a notebook seals when first called, after the student's cells ran: what
+    those cells defined (``__main__``) must still count as the student's code."""
+    pasted = _paste_padded(schedule.kahn)
+    monkeypatch.setattr(sys.modules["__main__"], "pasted_kahn", pasted, raising=False)
+    monkeypatch.setattr(sys.modules[__name__], "pasted_kahn", pasted, raising=False)
+    baseline = guard._baseline()
+    assert id(pasted.__code__) in baseline  # this test module is a library module here
+    monkeypatch.delattr(sys.modules[__name__], "pasted_kahn")
+    assert id(pasted.__code__) not in guard._baseline()
+
+
+CH11_EXERCISE = ROOT / "exercises" / "ch11_distributed_training.ipynb"
+
+# H5 as the tester ran it: the simulator the 11.1 probe uses is the kernel's own module; a fake
+# sim.run sums with numpy and fabricates the ring's trace (here a pass-through to the real one:
+# whatever the fake does, replacing it is what fails the check).
+SIM_ATTACK = """
+from mlsys_lab.distributed import sim as _sim
+_real_run = _sim.run
+def _fake_run(*args, **kwargs):
+    return _real_run(*args, **kwargs)
+_sim.run = _fake_run
+"""
+
+
+def test_h5_a_replaced_simulator_scores_zero_under_the_grader(tmp_path):
+    ring = _solution_source("ch11_distributed_training.ipynb", "ring_allreduce")
+    nb = nbformat.read(ROOT / "solutions" / "ch11_distributed_training.ipynb", as_version=4)
+    answer = next(c.source for c in nb.cells if "answer:11.1" in c.metadata.get("tags", []))
+    assert "ring_allreduce" in ring
+    path = _notebook({"11.1": answer}, tmp_path / "ch11_sim.ipynb", base=CH11_EXERCISE,
+                     extra=SIM_ATTACK)
+    report = grade(path, cell_timeout=120, timeout=600)
+    row = next(r for r in report.rows if r.exercise == "11.1")
+    assert row.points == 0, report.to_table()
+    assert "`mlsys_lab.distributed.sim.run`" in row.feedback, report.to_table()
+
+
+class _Worker:
+    """A thread that runs the calls sent to it; the tests' answers start it inside a check."""
+
+    def __init__(self):
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = None
+
+    def start(self):
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while True:
+            fn, args, box = self.jobs.get()
+            if fn is None:
+                return
+            try:
+                box.put(("ok", fn(*args)))
+            except Exception as error:  # the refusal, raised in the worker
+                box.put(("error", error))
+
+    def ask(self, fn, *args):
+        """``fn(*args)`` run by the worker; None if it raised."""
+        box: queue.Queue = queue.Queue()
+        self.jobs.put((fn, args, box))
+        kind, value = box.get(timeout=10)
+        return value if kind == "ok" else None
+
+    def stop(self):
+        self.jobs.put((None, (), None))
+        self.thread.join(5)
+
+
+def test_h10_a_thread_started_during_an_earlier_probe_stays_watched():
+    """A worker started inside one check that outlives it keeps a guard's hook: in the next
+    check it answers to the guard that is on then (and is not mistaken for a notebook's)."""
+    worker = _Worker()
+
+    def topological_sort(nodes, edges):
+        if worker.thread is None:
+            worker.start()
+        return worker.ask(schedule.kahn, nodes, edges)
+
+    try:
+        first = run_cases("97.1", topological_sort, seed=1)
+        second = run_cases("97.1", topological_sort, seed=2)
+    finally:
+        worker.stop()
+    assert first.score == 0 and "off limits" in _feedback(first), first.report()
+    # Python removes a profile hook that raised (the refusal): the worker is unwatched now,
+    # so it counts as a running thread the check cannot trust.
+    assert second.score == 0, second.report()
+    assert "still running" in _feedback(second) or "off limits" in _feedback(second)
+
+
+def test_h10_a_worker_started_during_a_probe_answers_to_the_next_guard():
+    """A worker started inside one check that outlives it, and did nothing forbidden there,
+    is watched in the next check by the guard that is on then."""
+    worker = _Worker()
+
+    def topological_sort(nodes, edges):
+        if worker.thread is None:  # first check: start the worker, answer honestly
+            worker.start()
+            return honest_kahn(nodes, edges)
+        return worker.ask(schedule.kahn, nodes, edges)
+
+    try:
+        first = run_cases("97.1", topological_sort, seed=1)
+        second = run_cases("97.1", topological_sort, seed=2)
+    finally:
+        worker.stop()
+    assert first.score == 1, first.report()
+    assert second.score == 0 and "off limits" in _feedback(second), second.report()
