@@ -38,7 +38,8 @@ from their files when a probe first needs them.
   file is loaded as; the student's own code (``_origin``: neither known to the seal nor
   installed code as it is on disk) may claim any file and is always permitted. A permitted
   package calling others inside itself is not refused, nor is the standard library using its
-  own modules, nor module code run by an import (importing is not running), nor ``__del__``.
+  own modules, nor module code run by an import (importing is not running), nor ``__del__``,
+  nor a ``gc.callbacks`` function (the collector calls it, whatever frame was running).
   C functions the student's code calls are judged by the module of the function (or of the
   class defining the method). The import machinery, the kernel's output path (``print``) and
   tqdm are always allowed.
@@ -1305,7 +1306,7 @@ class Guard:
             student = _origin(self._state, code)[1]
             if student:
                 self._students[id(code)] = code  # the hook checks the C functions it calls
-            elif code.co_name not in ("<module>", "__del__"):
+            elif code.co_name not in ("<module>", "__del__") and not _gc_callback(code):
                 module = _claimed_module(self._state, code)
                 if module is not None:
                     foreign = self._foreign_label(module, _qualname(code))
@@ -1654,6 +1655,13 @@ class Guard:
         if self._state.get("active") is self:
             self._state["active"] = None
         _ACTIVE = None
+
+
+def _gc_callback(code: types.CodeType) -> bool:
+    """True for the code of a function in ``gc.callbacks``: the collector calls it from whatever
+    frame allocated when a collection began (student code, say), but nobody there called it
+    (hypothesis, for one, registers such a callback)."""
+    return any(getattr(cb, "__code__", None) is code for cb in gc.callbacks)
 
 
 def _dispatchers(mod: types.ModuleType) -> list:

@@ -190,6 +190,23 @@ def test_every_route_from_the_students_code_is_refused(route):
     _refused(result, "posix" if route == "c_function" else "fakesolver")
 
 
+def test_a_collector_callback_of_another_package_is_not_the_students_call():
+    """The collector runs ``gc.callbacks`` from whatever frame allocated when a collection
+    began; with the student's code allocating, that frame is the student's, but the student
+    called nothing. hypothesis registers such a callback (its gc timer) in the suite's workers:
+    a later check in the same process refused it (6.3, 6.4 and 8.1 lost points)."""
+    from hypothesis.internal.conjecture.junkdrawer import gc_cumulative_time
+
+    gc_cumulative_time()  # registers hypothesis's callback, once per process
+    mean = _cell("""
+        def mean(xs):
+            rows = [{"x": x, "pair": (x, [x])} for x in xs for _ in range(2_000)]
+            return sum(r["x"] for r in rows) / len(rows)
+    """)
+    result = run_cases("96.1", mean, seed=1)
+    assert result.score == result.max, result.report()
+
+
 def test_a_permitted_package_may_use_other_packages_inside_itself():
     exercise = Exercise(id="96.5", title="A mean", target="mean", cases=_case(),
                         task="the mean", allowed=DEFAULT_ALLOWED + ("fakewrapper",))
