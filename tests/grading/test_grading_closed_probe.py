@@ -364,6 +364,7 @@ def mean(xs):
 """
 
 
+@pytest.mark.slow  # starts a kernel
 def test_a_package_outside_the_allowlist_scores_zero_under_the_grader(tmp_path):
     import nbformat
 
