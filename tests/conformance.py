@@ -1554,9 +1554,14 @@ def numeric_jvp(case, vs):
 
 def second_order(case, u, w, how="grad"):
     """The gradient of ``h(x) = sum_i <grad_i f(x), w_i>`` (a Hessian-vector product), by
-    ``ml.grad`` of ``ml.grad`` or by the tape with ``create_graph=True``."""
+    ``ml.grad`` of ``ml.grad`` (``how="grad"``), by the tape with ``create_graph=True``
+    (``"tape"``), or forward over reverse: ``ml.hvp``, a jvp of the gradient (``"hvp"``)."""
     f = scalar_fn(case, u)
     nums = tuple(range(len(case.diff)))
+    if how == "hvp":
+        hv = ml.hvp(lambda *d: f(*_as_tensors(_with(case, d))),
+                    [case.inputs[i] for i in case.diff], w)
+        return [to_numpy(x) for x in hv]
 
     def grads(*d):
         gs = ml.grad(lambda *dd: f(*_as_tensors(_with(case, dd))), argnums=nums)(*d)

@@ -171,13 +171,16 @@ def test_forward_mode(case):
         assert lhs == pytest.approx(rhs, rel=1e-6, abs=1e-9), f"{case.id}: jvp"
 
 
-@pytest.mark.parametrize("how", ["grad_of_grad", "tape_create_graph"])
+SECOND_PATHS = {"grad_of_grad": "grad", "tape_create_graph": "tape", "jvp_of_grad": "hvp"}
+
+
+@pytest.mark.parametrize("how", list(SECOND_PATHS))
 @pytest.mark.parametrize("case", SECOND, ids=ids(SECOND))
 def test_second_order(case, how):
     u = cotangent(case)
     w = [np.random.default_rng(case.seed(3)).standard_normal(case.inputs[i].shape)
          for i in case.diff]
-    got = C.second_order(case, u, w, "grad" if how == "grad_of_grad" else "tape")
+    got = C.second_order(case, u, w, SECOND_PATHS[how])
     want = memo(("num2", case.id), lambda: C.numeric_second_order(case, u, w))
     C.assert_grads(got, want, f"{case.id} second order by {how}", rtol=1e-4, atol=1e-6)
 
