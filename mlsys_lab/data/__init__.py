@@ -14,38 +14,10 @@ to its module and book section.
 """
 
 # --- loader half (PyTorch semantics): loader/ ---
-from .loader import (
-    BatchSampler,
-    ChainDataset,
-    ConcatDataset,
-    DataLoader,
-    DataLoaderError,
-    DataLoaderTimeoutError,
-    Dataset,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    Subset,
-    SubsetRandomSampler,
-    TensorDataset,
-    WorkerCrashedError,
-    WorkerError,
-    WorkerInfo,
-    default_collate,
-    default_convert,
-    get_worker_info,
-    random_split,
-)
+from . import loader
+from .loader import *  # noqa: F403  (the names loader/__init__.py lists in its __all__)
 
-__all__ = [
-    "BatchSampler", "ChainDataset", "ConcatDataset", "DataLoader", "DataLoaderError",
-    "DataLoaderTimeoutError", "Dataset", "DistributedSampler", "IterableDataset", "RandomSampler",
-    "Sampler", "SequentialSampler", "Subset", "SubsetRandomSampler", "TensorDataset",
-    "WorkerCrashedError", "WorkerError", "WorkerInfo", "default_collate", "default_convert",
-    "get_worker_info", "random_split",
-]
+__all__ = list(loader.__all__)
 
 # --- pipeline half (tf.data / MindSpore style): pipeline/; record files and transforms here ---
 from . import datasets, records, transforms  # noqa: E402
