@@ -304,6 +304,38 @@ def test_no_module_uses_another_packages_private_names():
         stale)
 
 
+# Packages whose modules share no ``_``-names even among themselves: what one module uses from
+# another is public inside the package (the other packages may still share them, for now).
+PRIVATE_FREE = ("data", "deploy", "distributed")
+
+
+def imports_of_private_names(package_dir):
+    """``file:line`` of every import in ``package_dir`` of a ``_``-name, or (relative imports)
+    from one of the package's ``_``-modules."""
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in ast.walk(_parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                parts = (node.module or "").split(".") if node.level else []
+                if any(map(_is_private, parts)) or any(_is_private(a.name) for a in node.names):
+                    found.append(f"{path.relative_to(package_dir.parent)}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("package", PRIVATE_FREE)
+def test_no_module_imports_a_private_name_even_within_its_package(package):
+    found = imports_of_private_names(PKG / package)
+    assert not found, f"_-names imported inside {package}/:\n" + "\n".join(found)
+
+
+def test_a_private_import_within_a_package_is_found(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("from .sub._hidden import x\nfrom .b import public, __all__\n")
+    (pkg / "sub" / "c.py").write_text("from ..a import _helper\nfrom numpy import ndarray\n")
+    assert imports_of_private_names(pkg) == ["pkg/a.py:1", "pkg/sub/c.py:1"]
+
+
 def test_dispatch_sits_below_everything_but_the_registry():
     """``dispatch.apply`` reads Op only: it may import the registry, dtypes and errors."""
     allowed = {"mlsys_lab.engine.registry", "mlsys_lab.engine.dtypes", "mlsys_lab.errors"}

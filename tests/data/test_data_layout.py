@@ -1,8 +1,7 @@
-"""The layout of ``mlsys_lab.data``: folders that are concepts (``loader/``, ``pipeline/``), no
-``_``-names imported between its modules, the names notebooks use still at the package root, and
-chapter 9's ``forbidden`` strings naming live, public objects at the new paths."""
+"""The layout of ``mlsys_lab.data``: folders that are concepts (``loader/``, ``pipeline/``), the
+names notebooks use still at the package root, and chapter 9's ``forbidden`` strings naming live,
+public objects at the new paths."""
 
-import ast
 import importlib
 import pathlib
 
@@ -27,19 +26,6 @@ def test_folders_are_concepts_no_prefixes_no_private_modules():
     readme = (DATA / "README.md").read_text(encoding="utf-8")
     for name in names - {"__init__.py", "loader/__init__.py", "pipeline/__init__.py"}:
         assert f"`{name}`" in readme, f"data/README.md does not map {name}"
-
-
-def test_no_private_names_imported_between_data_modules():
-    found = []
-    for path in _modules():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.level > 0:
-                parts = (node.module or "").split(".")
-                names = [a.name for a in node.names]
-                if any(p.startswith("_") for p in parts) or \
-                        any(n.startswith("_") for n in names):
-                    found.append(f"{path.relative_to(DATA)}:{node.lineno}")
-    assert not found, found
 
 
 def test_names_the_notebooks_use_stay_at_the_package_root():
