@@ -57,11 +57,13 @@ from .errors import (  # noqa: E402
 )
 from .kernels import registration as _registration  # noqa: E402,F401 - Numba kernels as impls
 from .nn.train_step import compile_train_step  # noqa: E402
+from .span import Span  # noqa: E402
 
 __all__ = [
     "ArgumentError", "CheckpointError", "CycleError", "DTypeError", "DTypeOverflowError", "Graph",
     "GraphError", "MLSysError", "OpError", "OutOfMemoryError", "PlanError", "RankError",
-    "ShapeError", "TapeError", "Tensor", "TraceError", "UnknownNameError", "bfloat16", "bool_",
+    "ShapeError", "Span", "TapeError", "Tensor", "TraceError", "UnknownNameError", "bfloat16",
+    "bool_",
     "compile", "compile_train_step", "custom_op", "enable_grad", "float16", "float32", "float64",
     "grad", "grad_graph", "gradients", "hvp", "int8", "int16", "int32", "int64", "is_grad_enabled",
     "jvp", "limit_threads", "no_grad", "num_threads", "ones", "ops", "randn", "set_num_threads",

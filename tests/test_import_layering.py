@@ -27,6 +27,8 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "mlsys_lab"
 #: Why this order (each step is what today's imports need):
 #: - ``errors`` and ``timing`` are foundations: everything raises the library's errors, and the
 #:   kernels, deploy passes and viz time things with ``timing`` (which needs only ``errors``).
+#:   ``span`` (the one timeline record, ``Span``) sits beside it: the engine, data, distributed
+#:   and viz all emit or draw spans, and it imports nothing of the package.
 #: - ``engine`` (with ``ops``, see PART_OF) is the bottom layer of the framework proper;
 #:   ``kernels`` register Numba impls on its ops; ``nn`` and ``optim`` use both (the
 #:   embedding-bag and fused optimiser kernels).
@@ -46,7 +48,7 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "mlsys_lab"
 #:   reader and grading.
 TIERS = [
     ("errors",),
-    ("timing",),
+    ("timing", "span"),
     ("engine",),
     ("kernels",),
     ("nn", "optim"),
