@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlsys_lab.grading.classroom import GradingOptions, grade_class
-from mlsys_lab.grading.submissions import find_submissions
+from mlsys_lab.grading.course.classroom import GradingOptions, grade_class
+from mlsys_lab.grading.course.submissions import find_submissions
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "solutions" / "ch04_computational_graph.ipynb"

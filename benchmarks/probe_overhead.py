@@ -38,9 +38,9 @@ def _child(notebook: str, rounds: int) -> dict:
     t0 = time.perf_counter()
     import nbformat
 
-    from mlsys_lab.grading import guard, probe
-    from mlsys_lab.grading.exercise import _lookup, get_exercise
-    from mlsys_lab.grading.judge import judge_exercise
+    from mlsys_lab.grading.core import guard, probe
+    from mlsys_lab.grading.core.exercise import _lookup, get_exercise
+    from mlsys_lab.grading.core.judge import judge_exercise
 
     [path] = sorted((ROOT / "solutions").glob(f"{notebook}_*.ipynb"))
     nb = nbformat.read(path, as_version=4)

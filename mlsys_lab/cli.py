@@ -15,7 +15,7 @@
 default 600). With ``--all`` it also takes ``--pattern`` (how file names name the student),
 ``--csv FILE`` (gradebook), ``--feedback DIR``, ``--report [PNG]`` (class statistics),
 ``--strict`` (refuse submissions released with other checks) and ``--no-cache``; the work is in
-``mlsys_lab.grading.commands``. Exit codes: 0 when the command did its job (whatever the
+``mlsys_lab.grading.course.commands``. Exit codes: 0 when the command did its job (whatever the
 score), 1 when it could not (a missing notebook, stale exercises under ``--check``), 2 for a
 usage error.
 """
@@ -109,13 +109,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_grade(args) -> int:
-    from mlsys_lab.grading.commands import grade_command
+    from mlsys_lab.grading.course.commands import grade_command
 
     return grade_command(args)
 
 
 def _cmd_exercises(args) -> int:
-    from mlsys_lab.grading.commands import exercises_command
+    from mlsys_lab.grading.course.commands import exercises_command
 
     return exercises_command(args)
 

@@ -1,17 +1,18 @@
-"""Graded exercises: per-exercise checks, the notebook grader and the exercise builder.
+"""Graded exercises in three parts (see README.md for the map).
 
-``checks`` (cases, exercises, ``check``), ``probe`` (the kernel side: run the probes, pack raw
-results), ``judge`` (the trusted side: verdicts from raw results), ``guard`` (forbidden functions
-refuse to run while a probe runs), ``wire`` (plain data between the two sides, no pickle),
-``grader`` (``mlsys-lab grade``: one notebook in a fresh kernel), ``builder`` (``mlsys-lab
-exercises build``), and one module of checks per chapter, ``chNN`` (``ch00`` is the template).
-
-For a class: ``submissions`` (find submissions, recognise the layouts), ``classroom`` (grade them
-in parallel worker processes, with the re-grade cache), ``gradebook`` (CSV/JSON), ``feedback``
-(one file per submission), ``class_stats`` (per-exercise statistics and plot), ``release`` (the
-student pack and its stamp) and ``commands`` (what the ``grade``/``exercises`` subcommands do).
+* ``core/`` — what checks one answer: ``exercise`` (cases, exercises, the registry and the helpers
+  probes and judges share), ``check`` (the notebook's ``check``), ``probe`` (the kernel side),
+  ``judge`` (the trusted side), ``guard`` (forbidden functions refuse while a probe runs),
+  ``wire`` (plain data between the two sides, no pickle), ``cells`` (answer and check cells) and
+  ``grader`` (``mlsys-lab grade``: one notebook in a fresh kernel).
+* ``course/`` — what a teacher runs for a class: ``submissions``, ``classroom`` (parallel grading
+  with the re-grade cache), ``gradebook``, ``feedback``, ``statistics``, ``builder`` (exercise
+  notebooks from solutions), ``release`` (the student pack and its stamp) and ``commands`` (the
+  ``grade`` / ``exercises`` subcommands).
+* ``exercises/`` — one package per chapter, one module per exercise (``ch00_demo`` is the
+  template).
 """
 
-from .checks import check
+from .core.check import check
 
 __all__ = ["check"]

@@ -6,7 +6,7 @@ import importlib
 import pathlib
 
 import mlsys_lab.data as data
-from mlsys_lab.grading.checks import exercises_for_chapter
+from mlsys_lab.grading.core.exercise import exercises_for_chapter
 
 DATA = pathlib.Path(data.__file__).parent
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import mlsys_lab.deploy as deploy
-from mlsys_lab.grading.checks import exercises_for_chapter
+from mlsys_lab.grading.core.exercise import exercises_for_chapter
 
 DEPLOY = pathlib.Path(deploy.__file__).parent
 

@@ -11,7 +11,7 @@ import pkgutil
 import pytest
 
 import mlsys_lab.distributed as dist
-from mlsys_lab.grading.checks import exercises_for_chapter
+from mlsys_lab.grading.core.exercise import exercises_for_chapter
 
 DIST = pathlib.Path(dist.__file__).parent
 

@@ -17,17 +17,17 @@ import pytest
 from nbclient import NotebookClient
 
 from mlsys_lab.cli import main
-from mlsys_lab.grading import builder, grader
-from mlsys_lab.grading.checks import (
+from mlsys_lab.grading.core import grader
+from mlsys_lab.grading.core.check import check, run_cases
+from mlsys_lab.grading.core.exercise import (
     UnknownExerciseError,
-    check,
+    check_cell_name_error,
+    compact,
     get_exercise,
-    run_cases,
-    run_cases_json,
 )
-from mlsys_lab.grading.commands import ungradable
-from mlsys_lab.grading.exercise import check_cell_name_error, compact
-from mlsys_lab.grading.grader import ExerciseGrade, GradeReport, grade
+from mlsys_lab.grading.core.grader import ExerciseGrade, GradeReport, grade
+from mlsys_lab.grading.course import builder
+from mlsys_lab.grading.course.commands import ungradable
 
 from ..processes import alive, descendants
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 DEMO = SOLUTIONS / "ch00_demo.ipynb"
-FULL = 12  # 3 + 5 + 4 points in mlsys_lab/grading/ch00.py
+FULL = 12  # 3 + 5 + 4 points in mlsys_lab/grading/exercises/ch00_demo/
 SLACK = 20  # kernel start-up and shutdown on a busy 2-core machine
 
 
@@ -180,7 +180,7 @@ def test_grade_table_collapses_each_repeated_message():
 
 
 def test_a_check_cell_run_before_its_answer_says_so(no_leftover_processes):
-    cells = ["from mlsys_lab.grading.checks import check", 'check("0.1", square)',
+    cells = ["from mlsys_lab.grading.core.exercise import check", 'check("0.1", square)',
              "undefined_thing + 1", "def square(x):\n    return x * x", 'check("0.1", square)']
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     NotebookClient(nb, allow_errors=True, kernel_name="python3", timeout=60).execute()
@@ -202,15 +202,6 @@ def test_check_cell_name_error_names_the_missing_answer():
     assert "first code cell" in check_cell_name_error(error("check"), 'check("9.2", f)')
     assert check_cell_name_error(error("f"), "f(3)") == ""  # not a check cell
     assert check_cell_name_error(error("g"), 'check("9.2", f)') == ""  # g is not the answer
-
-
-def test_run_cases_json_prints_one_marked_line(capsys):
-    payload = run_cases_json("0.1", {"square": lambda x: x * x}, marker="@@M@@")
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln]
-    assert len(lines) == 1 and lines[0].startswith("@@M@@")
-    assert json.loads(lines[0][len("@@M@@") :]) == payload and payload["score"] == 3
-    missing = run_cases_json("0.1", {}, marker="@@M@@")
-    assert missing["score"] == 0 and "`square` is not defined" in missing["rows"][0]["feedback"]
 
 
 # ----------------------------------------------------------------------------- builder

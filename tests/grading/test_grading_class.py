@@ -23,20 +23,20 @@ import pytest
 
 from mlsys_lab.cli import main
 from mlsys_lab.errors import ArgumentError
-from mlsys_lab.grading import builder, commands, release
-from mlsys_lab.grading.checks import check
-from mlsys_lab.grading.class_stats import class_statistics, format_statistics, plot_statistics
-from mlsys_lab.grading.classroom import (
+from mlsys_lab.grading.core.check import check
+from mlsys_lab.grading.core.grader import ExerciseGrade, GradeReport
+from mlsys_lab.grading.course import builder, commands, release
+from mlsys_lab.grading.course.classroom import (
     ClassResult,
     GradeCache,
     GradingOptions,
     cache_key,
     grade_class,
 )
-from mlsys_lab.grading.feedback import exercise_report, feedback_html, write_feedback
-from mlsys_lab.grading.gradebook import build_gradebook, read_csv, write_csv
-from mlsys_lab.grading.grader import ExerciseGrade, GradeReport
-from mlsys_lab.grading.submissions import Submission, find_submissions
+from mlsys_lab.grading.course.feedback import exercise_report, feedback_html, write_feedback
+from mlsys_lab.grading.course.gradebook import build_gradebook, read_csv, write_csv
+from mlsys_lab.grading.course.statistics import class_statistics, format_statistics, plot_statistics
+from mlsys_lab.grading.course.submissions import Submission, find_submissions
 
 from ..processes import alive, descendants, processes
 from .test_grading import _demo_with, _points
@@ -275,7 +275,7 @@ def test_class_statistics_match_a_brute_force_count(graded_class, tmp_path):
 
 
 def test_statistics_show_the_most_common_message_with_short_numbers():
-    from mlsys_lab.grading.class_stats import ExerciseStats
+    from mlsys_lab.grading.course.statistics import ExerciseStats
 
     stats = ExerciseStats("9.1", "Parallel map", 4, [0, 4], failing_case="order",
                           failing_count=1,
@@ -359,8 +359,8 @@ def test_a_worker_that_dies_costs_only_its_own_submission(tmp_path):
 
 _SCRIPT = """
 import json, sys
-from mlsys_lab.grading.classroom import GradingOptions, grade_class
-from mlsys_lab.grading.submissions import find_submissions
+from mlsys_lab.grading.course.classroom import GradingOptions, grade_class
+from mlsys_lab.grading.course.submissions import find_submissions
 subs, _ = find_submissions(sys.argv[1] if len(sys.argv) > 1 else {folder!r})
 print(json.dumps([[r.report.total, r.report.notes] for r in grade_class(
     subs, jobs=1, options=GradingOptions(cell_timeout=30, timeout=120))]))

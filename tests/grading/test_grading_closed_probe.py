@@ -19,9 +19,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlsys_lab.grading import checks, guard
-from mlsys_lab.grading.checks import Case, Exercise, register, run_cases
-from mlsys_lab.grading.exercise import CLOSED_BASE, DEFAULT_ALLOWED, get_exercise
+from mlsys_lab.grading.core import exercise as registry
+from mlsys_lab.grading.core import guard
+from mlsys_lab.grading.core.check import run_cases
+from mlsys_lab.grading.core.exercise import (
+    CLOSED_BASE,
+    DEFAULT_ALLOWED,
+    Case,
+    Exercise,
+    get_exercise,
+    register,
+)
 
 DEMO_SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "ch00_demo.ipynb"
 
@@ -86,7 +94,7 @@ def fake_packages(tmp_path_factory, monkeypatch):
     register(*ALL)
     yield
     for exercise in ALL:
-        checks.EXERCISES.pop(exercise.id, None)
+        registry.EXERCISES.pop(exercise.id, None)
     for name in ("fakesolver", "fakewrapper"):
         sys.modules.pop(name, None)
 
@@ -217,7 +225,7 @@ def test_a_permitted_package_may_use_other_packages_inside_itself():
         direct = _cell("import fakesolver\ndef mean(xs):\n    return fakesolver.solve(xs)\n")
         _refused(run_cases("96.5", direct, seed=1), "fakesolver")
     finally:
-        checks.EXERCISES.pop("96.5", None)
+        registry.EXERCISES.pop("96.5", None)
 
 
 def test_threads_are_refused_where_the_exercise_leaves_them_out():
@@ -368,7 +376,7 @@ def mean(xs):
 def test_a_package_outside_the_allowlist_scores_zero_under_the_grader(tmp_path):
     import nbformat
 
-    from mlsys_lab.grading.grader import grade
+    from mlsys_lab.grading.core.grader import grade
 
     nb = nbformat.read(DEMO_SOLUTION, as_version=4)
     [cell] = [c for c in nb.cells if "answer:0.3" in c.metadata.get("tags", [])]
@@ -389,7 +397,7 @@ def test_library_code_is_recognised_whatever_the_hash_seed():
     import subprocess
 
     probe = ("import sys; sys.path.insert(0, %r)\n"
-             "from mlsys_lab.grading import guard\n"
+             "from mlsys_lab.grading.core import guard\n"
              "c = compile('def f(x):\\n    return x in {\"alpha\", \"beta\", \"gamma\", \"delta\", "
              "\"eps\"}\\n', 'm.py', 'exec')\n"
              "print(repr(guard._exact(c)))\n") % str(Path(__file__).resolve().parents[2])

@@ -28,10 +28,13 @@ import pytest
 import mlsys_lab as ml
 from mlsys_lab.engine import schedule
 from mlsys_lab.engine.graph import Graph
-from mlsys_lab.grading import checks, guard, wire
-from mlsys_lab.grading.checks import Case, Exercise, legacy_cases, register, run_cases
-from mlsys_lab.grading.grader import grade
-from mlsys_lab.grading.judge import judge_exercise
+from mlsys_lab.grading.core import check as checks
+from mlsys_lab.grading.core import exercise as registry
+from mlsys_lab.grading.core import guard, wire
+from mlsys_lab.grading.core.check import run_cases
+from mlsys_lab.grading.core.exercise import Case, Exercise, register
+from mlsys_lab.grading.core.grader import grade
+from mlsys_lab.grading.core.judge import judge_exercise
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_SOLUTION = ROOT / "solutions" / "ch00_demo.ipynb"
@@ -108,7 +111,7 @@ def test_exercises():
     register(TOPO, CLASSIFY, MATMUL)
     yield
     for exercise in (TOPO, CLASSIFY, MATMUL):
-        checks.EXERCISES.pop(exercise.id, None)
+        registry.EXERCISES.pop(exercise.id, None)
 
 
 def _feedback(result) -> str:
@@ -270,11 +273,13 @@ def test_saved_bound_method_is_refused():
 
 
 def test_reference_answers_in_the_grading_modules_are_refused():
-    from mlsys_lab.grading.ch00 import _fib  # the grader's own reference for 0.2
+    from mlsys_lab.grading.exercises.ch00_demo.ex0_2_fib import (
+        _fib,  # the grader's own reference for 0.2
+    )
 
     result = run_cases("0.2", _fib)
     assert result.score == 0
-    assert "`mlsys_lab.grading.ch00._fib` (the grader's own reference)" in _feedback(result)
+    assert "ex0_2_fib._fib` (the grader's own reference)" in _feedback(result)
     result = run_cases("0.2", lambda n: _fib(n))
     assert result.score == 0
 
@@ -296,13 +301,13 @@ def test_library_shortcuts_of_the_demo_are_refused():
 
 
 def test_plan_lists_references_but_not_the_probes_helpers():
-    plan = guard.plan_for(checks.get_exercise("0.2"))
+    plan = guard.plan_for(registry.get_exercise("0.2"))
     labels = " ".join(entry["label"] for entry in plan["code"])
-    assert "ch00._fib`" in labels and "ch00._fib_large_judge`" in labels
-    assert "ch00._big_n`" not in labels  # 0.2's probe uses it
-    assert "ch00._floats`" in labels  # only 0.1's probes use it
-    plan = guard.plan_for(checks.get_exercise("0.1"))
-    assert "ch00._floats`" not in " ".join(entry["label"] for entry in plan["code"])
+    assert "ex0_2_fib._fib`" in labels and "ex0_2_fib._large_judge`" in labels
+    assert "ex0_2_fib._big_n`" not in labels  # 0.2's probe uses it
+    assert "ex0_1_square._floats`" in labels  # only 0.1's probes use it
+    plan = guard.plan_for(registry.get_exercise("0.1"))
+    assert "ex0_1_square._floats`" not in " ".join(entry["label"] for entry in plan["code"])
 
 
 def test_an_unguardable_spec_is_rejected_with_advice():
@@ -669,7 +674,7 @@ def test_the_wire_round_trips_plain_data_and_never_pickles():
 
 
 def test_judges_trust_only_raw_results():
-    exercise = checks.get_exercise("0.1")
+    exercise = registry.get_exercise("0.1")
 
     def payload(*records):
         return {"cases": list(records)}
@@ -686,9 +691,8 @@ def test_judges_trust_only_raw_results():
 def test_cases_declare_both_halves():
     with pytest.raises(ValueError, match="both a probe and a judge"):
         Case("x", 1, probe=abs)
-    with pytest.raises(ValueError, match="either fn"):
-        Case("x", 1, abs, probe=abs, judge=abs)
-    assert [c for c in legacy_cases() if c[0].startswith("0.")] == []  # the template is converted
+    with pytest.raises(ValueError, match="both a probe and a judge"):
+        Case("x", 1, judge=abs)
 
 
 def test_check_with_a_seed_repeats_its_inputs(capsys):
@@ -727,13 +731,14 @@ def _points(report) -> dict[str, float]:
 
 
 RUN_CASE_ATTACK = """
-import mlsys_lab.grading.checks as c
+import mlsys_lab.grading.core.check as c
 c._run_case = lambda case, answers: c.CaseResult(case.name, case.points, case.points, True)
 c.run_cases = lambda exercise_id, *a, **k: None
 """
 
 JUDGE_ATTACK = """
-import mlsys_lab.grading.checks as c, mlsys_lab.grading.judge as j, mlsys_lab.grading.ch00 as ch
+import mlsys_lab.grading.core.exercise as c, mlsys_lab.grading.core.judge as j
+import mlsys_lab.grading.exercises.ch00_demo.ex0_1_square as ch
 for name in dir(ch):
     if name.endswith("_judge"):
         setattr(ch, name, lambda *a, **k: None)
@@ -750,8 +755,8 @@ j.judge_exercise = lambda exercise, payload, seed: c.CheckResult(
 SYS_MODULES_ATTACK = """
 import sys, types, json
 from IPython.display import publish_display_data
-from mlsys_lab.grading.ch00 import _floats
-fake = types.ModuleType("mlsys_lab.grading.probe")
+from mlsys_lab.grading.exercises.ch00_demo.ex0_1_square import _floats
+fake = types.ModuleType("mlsys_lab.grading.core.probe")
 fake.MIME = "application/vnd.mlsys-lab.probe+json"
 def emit(exercise_id, namespace, seed, marker, plan):
     cases = [{"name": "square(3) == 9", "kind": "probe", "status": "ok", "value": 9},
@@ -761,7 +766,7 @@ def emit(exercise_id, namespace, seed, marker, plan):
     publish_display_data({fake.MIME: json.dumps(payload)})
 fake.emit = emit
 fake.run_exercise = lambda *a, **k: None
-for name in [*sys.modules, "mlsys_lab.grading.probe", "mlsys_lab.grading.checks"]:
+for name in [*sys.modules, "mlsys_lab.grading.core.probe", "mlsys_lab.grading.core.check"]:
     if name.startswith("mlsys_lab.grading."):
         sys.modules[name] = fake
 """
@@ -817,13 +822,13 @@ def test_run_case_attack_on_chapter_8(tmp_path):
 
 def test_shortcuts_score_zero_under_the_grader(tmp_path):
     answers = {
-        "0.2": "from mlsys_lab.grading.ch00 import _fib as fib\n",
+        "0.2": "from mlsys_lab.grading.exercises.ch00_demo.ex0_2_fib import _fib as fib\n",
         "0.3": "import statistics\n\ndef mean(xs):\n    return statistics.mean(xs)\n",
     }
     report = grade(_notebook(answers, tmp_path / "ch00_cheat.ipynb"), cell_timeout=30,
                    timeout=120)
     assert _points(report) == {"0.1": 0, "0.2": 0, "0.3": 0}, report.to_table()
-    assert "ch00._fib` (the grader's own reference) is off limits" in report.rows[1].feedback
+    assert "ex0_2_fib._fib` (the grader's own reference) is off limits" in report.rows[1].feedback
     assert "`statistics.mean` is off limits" in report.rows[2].feedback
 
 
@@ -863,8 +868,8 @@ import ast as _ast  # noqa: E402
 import contextlib  # noqa: E402
 import os  # noqa: E402
 
-from mlsys_lab.grading import probe  # noqa: E402
-from mlsys_lab.grading.exercise import get_exercise  # noqa: E402
+from mlsys_lab.grading.core import probe  # noqa: E402
+from mlsys_lab.grading.core.exercise import get_exercise  # noqa: E402
 
 STDLIB_FILE = os.path.realpath(json.__file__)  # a file under the installed Python
 
@@ -926,7 +931,11 @@ def _cheat_answers(ex_id: str, transform):
     ``transform`` (identity, _clone, _paste_padded) applied to the function that does the work."""
     from mlsys_lab.distributed import pipeline_parallel
     from mlsys_lab.engine.passes import frontend
-    from mlsys_lab.grading import ch02, ch03, ch07, ch09, ch10
+    from mlsys_lab.grading.exercises import ch02_introduction as ch02
+    from mlsys_lab.grading.exercises import ch03_programming_interface as ch03
+    from mlsys_lab.grading.exercises import ch07_compiler_backend_runtime as ch07
+    from mlsys_lab.grading.exercises import ch09_data_processing as ch09
+    from mlsys_lab.grading.exercises import ch10_model_deployment as ch10
     from mlsys_lab.recsys import metrics, sharding
 
     if ex_id == "3.3":
@@ -1287,7 +1296,7 @@ def test_h10_a_raw_thread_started_during_the_check_is_refused():
 # The same holes through the real grader, in a kernel (the demo notebook: quick).
 
 CLONE_ANSWERS = {  # H1: the library's and the grader's functions, claiming a stdlib file
-    "0.2": ("import json, types\nfrom mlsys_lab.grading.ch00 import _fib\n"
+    "0.2": ("import json, types\nfrom mlsys_lab.grading.exercises.ch00_demo.ex0_2_fib import _fib\n"
             "def _recode(c):\n"
             "    k = tuple(_recode(x) if isinstance(x, types.CodeType) else x\n"
             "              for x in c.co_consts)\n"
@@ -1304,8 +1313,8 @@ CLONE_ANSWERS = {  # H1: the library's and the grader's functions, claiming a st
 # cases into the payload the hidden cell sends.
 JSON_FORGER = """
 import json, statistics
-from mlsys_lab.grading import probe as _probe, exercise as _exercise
-from mlsys_lab.grading.ch00 import _fib
+from mlsys_lab.grading.core import probe as _probe, exercise as _exercise
+from mlsys_lab.grading.exercises.ch00_demo.ex0_2_fib import _fib
 _real_dumps = json.dumps
 _cheats = {"0.1": [lambda x: x * x], "0.2": [_fib], "0.3": [statistics.mean]}
 def _forge(obj, *args, **kwargs):

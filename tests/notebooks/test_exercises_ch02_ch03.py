@@ -18,8 +18,9 @@ import pytest
 import mlsys_lab as ml
 from mlsys_lab.engine.registry import REGISTRY, AVal, Op, register
 from mlsys_lab.engine.tensor import apply
-from mlsys_lab.grading.checks import exercises_for_chapter, legacy_cases, run_cases
-from mlsys_lab.grading.grader import grade
+from mlsys_lab.grading.core.check import run_cases
+from mlsys_lab.grading.core.exercise import exercises_for_chapter
+from mlsys_lab.grading.core.grader import grade
 
 ROOT = Path(__file__).resolve().parents[2]
 CH02_EXERCISE = ROOT / "exercises" / "ch02_introduction.ipynb"
@@ -40,10 +41,8 @@ def _zero_on(result, *cases):
     assert all(points[name] == 0 for name in cases), result.report()
 
 
-def test_chapters_2_and_3_have_no_legacy_cases():
     assert {e.id for e in exercises_for_chapter(2) + exercises_for_chapter(3)} == {
         "2.1", "2.2", "2.3", "3.1", "3.2", "3.3"}
-    assert [c for c in legacy_cases() if c[0].startswith(("2.", "3."))] == []
 
 
 # ----------------------------------------------------------------------------- 2.1 train_epoch
@@ -99,7 +98,7 @@ def test_sample_weighted_mean_is_not_the_mean_batch_loss():
 
 
 def test_a_hard_coded_mean_loss_fails_on_another_seed():
-    from mlsys_lab.grading.ch02 import _mean_loss_probe
+    from mlsys_lab.grading.exercises.ch02_introduction import _mean_loss_probe
 
     copied = _mean_loss_probe(honest_train_epoch, seed=1)  # the number a student could copy
     result = run_cases("2.1", lambda *a: copied, seed=2)
@@ -107,7 +106,7 @@ def test_a_hard_coded_mean_loss_fails_on_another_seed():
 
 
 def test_the_grader_reference_epoch_is_off_limits():
-    from mlsys_lab.grading.ch02 import _ref_epoch
+    from mlsys_lab.grading.exercises.ch02_introduction import _ref_epoch
 
     result = run_cases("2.1", _ref_epoch, seed=0)
     assert result.score == 0 and "(the grader's own reference) is off limits" in _feedback(result)
@@ -166,7 +165,7 @@ def test_evaluate_with_the_tape_on_fails():
 
 
 def test_the_grader_reference_accuracy_is_off_limits():
-    from mlsys_lab.grading.ch02 import _ref_accuracy
+    from mlsys_lab.grading.exercises.ch02_introduction import _ref_accuracy
 
     assert run_cases("2.2", _ref_accuracy, seed=0).score == 0
 
@@ -622,7 +621,7 @@ def test_a_numpy_loss_gives_no_gradient():
 
 
 def test_the_grader_references_for_3_3_are_off_limits():
-    from mlsys_lab.grading.ch03 import _ref_loss_grad
+    from mlsys_lab.grading.exercises.ch03_programming_interface import _ref_loss_grad
 
     def via_reference(params, X, y, lr):
         _, g = _ref_loss_grad(params, X, y)

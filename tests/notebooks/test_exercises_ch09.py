@@ -20,8 +20,10 @@ from mlsys_lab.data import DataLoader, DistributedSampler, pipeline_sim
 from mlsys_lab.data.pipeline import Pipeline
 from mlsys_lab.data.pipeline.autotune import predicted_throughput
 from mlsys_lab.data.records import read_shard
-from mlsys_lab.grading import ch09, guard
-from mlsys_lab.grading.checks import exercises_for_chapter, legacy_cases, run_cases
+from mlsys_lab.grading.core import guard
+from mlsys_lab.grading.core.check import run_cases
+from mlsys_lab.grading.core.exercise import exercises_for_chapter
+from mlsys_lab.grading.exercises import ch09_data_processing as ch09
 
 from ..exercise_results import fails_only as _failed
 from ..exercise_results import feedback as _feedback
@@ -29,9 +31,8 @@ from ..exercise_results import refused as _refused
 from ..exercise_results import rows as _rows
 
 
-def test_no_legacy_cases_and_three_exercises():
+def test_three_exercises():
     assert [e.id for e in exercises_for_chapter(9)] == ["9.1", "9.2", "9.3"]
-    assert [c for c in legacy_cases() if c[0].startswith("9.")] == []
     assert all(e.forbidden and e.max_points >= 6 for e in exercises_for_chapter(9))
 
 

@@ -14,16 +14,16 @@ import pytest
 from mlsys_lab import nn
 from mlsys_lab.deploy import quant as Q
 from mlsys_lab.deploy.compress import prune as PR
-from mlsys_lab.grading.checks import exercises_for_chapter, legacy_cases, run_cases
+from mlsys_lab.grading.core.check import run_cases
+from mlsys_lab.grading.core.exercise import exercises_for_chapter
 
 from ..exercise_results import fails_only as _failed
 from ..exercise_results import feedback as _feedback
 from ..exercise_results import refused as _refused
 
 
-def test_no_legacy_cases_and_three_exercises():
+def test_three_exercises():
     assert [e.id for e in exercises_for_chapter(10)] == ["10.1", "10.2", "10.3"]
-    assert [c for c in legacy_cases() if c[0].startswith("10.")] == []
     assert all(e.forbidden and e.max_points >= 6 for e in exercises_for_chapter(10))
 
 
@@ -68,7 +68,7 @@ def test_10_1_reference_answer_scores_full_marks(seed):
 
 def test_10_1_the_reference_is_conv_then_batch_norm():
     """Independent oracle: a float64 conv followed by BN equals the folded conv."""
-    from mlsys_lab.grading import ch10
+    from mlsys_lab.grading.exercises import ch10_model_deployment as ch10
     w, b, gamma, beta, mean, var, eps = ch10._bn_case(0, "conv")
     x = np.random.default_rng(0).standard_normal((2, 3, 6, 6))
 
@@ -219,7 +219,7 @@ def test_10_2_reference_answer_scores_full_marks(seed):
 
 
 def test_10_2_the_reference_agrees_with_the_library_observer():
-    from mlsys_lab.grading import ch10
+    from mlsys_lab.grading.exercises import ch10_model_deployment as ch10
     for axis in (0, 1):
         batches = ch10._q_batches(7, axis)
         obs = Q.MinMaxObserver(axis)

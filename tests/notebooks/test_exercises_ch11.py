@@ -16,8 +16,8 @@ import pytest
 from mlsys_lab.distributed import collectives, param_server, zero
 from mlsys_lab.distributed import pipeline_parallel as pp
 from mlsys_lab.distributed.collectives import all_reduce as collective_allreduce
-from mlsys_lab.grading import ch11
-from mlsys_lab.grading.checks import legacy_cases, run_cases
+from mlsys_lab.grading.core.check import run_cases
+from mlsys_lab.grading.exercises import ch11_distributed_training as ch11
 
 from ..exercise_results import case, fails, feedback, full
 
@@ -487,8 +487,3 @@ class StubServer:
 def test_stubs_score_zero_without_crashing(exercise, stub):
     result = run_cases(exercise, stub, seed=0)
     assert result.score == 0 and all("NotImplementedError" in row.feedback for row in result.rows)
-
-
-def test_no_legacy_cases_in_chapter_11():
-    run_cases("11.1", ring_allreduce, seed=0)
-    assert [c for c in legacy_cases() if c[0].startswith("11.")] == []

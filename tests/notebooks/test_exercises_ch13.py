@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mlsys_lab as ml
-from mlsys_lab.grading.checks import legacy_cases, run_cases
+from mlsys_lab.grading.core.check import run_cases
 from mlsys_lab.recsys import metrics, sharding
 
 from ..exercise_results import case, fails, feedback, full
@@ -303,7 +303,3 @@ def test_greedy_without_capacity_overfills_servers():
 
 def test_placement_without_a_fit_check_fails_the_error_case():
     fails(run_cases("13.3", no_fit_check, seed=0), "keys that do not fit")
-
-
-def test_chapter_13_has_no_legacy_cases():
-    assert not [c for c in legacy_cases() if c.startswith("13.")]

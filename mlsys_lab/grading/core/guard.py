@@ -1,0 +1,1766 @@
+"""The forbidden-functions guard: while a probe runs the student's code, shortcuts refuse to run.
+
+Each ``Exercise`` names the library functions that would solve it (``forbidden=(...)``, specs
+like ``"mlsys_lab.engine.schedule:kahn"``; a wrapper such as a ``@graph_pass`` object, a
+``functools.partial`` or a Numba dispatcher stands for the function it wraps), and the grader's
+own reference answers — every function in the chapter check modules
+(``mlsys_lab/grading/chNN.py``) that the exercise's probes do not use — are added automatically.
+``plan_for(exercise)`` turns that into plain data (where each forbidden function's code was
+defined, and a fingerprint of its code); the grader computes it in its own process and sends it
+to the kernel, ``check()`` computes it in place.
+
+``seal()`` runs first in every kernel the grader starts, before any student cell: it records the
+code objects the loaded modules hold (what is *not* the student's; installed code loaded later
+is recognised as it is on disk), the threads already running, and the functions and classes the
+checks rely on (see "The seal" below). The forbidden functions' code and n-grams are compiled
+from their files when a probe first needs them.
+
+``Guard(plan, state)`` enforces the plan in the kernel. While a probe runs
+(``with guard.watching():``):
+
+* a profile hook (``sys.setprofile``, and ``threading.setprofile`` for threads started meanwhile)
+  looks at every function that starts. Code is matched by *where it was defined* (file, first
+  line, qualified name) — so saved references, bound methods, ``f = kahn`` and
+  ``types.FunctionType(kahn.__code__, ...)`` are all caught. Code the seal does not know (and
+  that is not the grading package's own, as on disk) is the student's, *whatever file name it
+  claims* (``code.replace(co_filename=...)``, a library module compiled under another name): it
+  is refused when it is a clone of a forbidden function (the same normalised stream under the
+  same name, or the very same bytes and constants, at least ``CLONE`` instructions), or when
+  it is a copy of a big one (``DISTINCTIVE`` instructions): the Jaccard similarity of their
+  instruction n-grams (``shingles``; locals, strings and jump targets abstracted, padding
+  ignored) is at least ``SIMILAR``. A match raises ``OffLimitsError`` and records the refusal;
+  a refusal sticks, so catching the error does not help.
+* The closed probe (the plan's ``allowed``, from ``Exercise.allowed``): a function of a module
+  the allowlist does not permit (longest matching entry; ``-numpy.f2py`` takes one back out) is
+  refused when the student's code called it — directly, from C (``map``, ``partial``), or
+  through standard-library frames (a callback: ``heapq.merge(key=f)``; a ``threading.Thread``
+  the student's code started, whose target it is). The module of a function is the one its
+  file is loaded as; the student's own code (``_origin``: neither known to the seal nor
+  installed code as it is on disk) may claim any file and is always permitted. A permitted
+  package calling others inside itself is not refused, nor is the standard library using its
+  own modules, nor module code run by an import (importing is not running), nor ``__del__``,
+  nor a ``gc.callbacks`` function (the collector calls it, whatever frame was running).
+  C functions the student's code calls are judged by the module of the function (or of the
+  class defining the method). The import machinery, the kernel's output path (``print``) and
+  tqdm are always allowed.
+* C functions named in the plan (``"math:fsum"``, ``"numpy:ndarray.mean"``) are refused when
+  Python code calls them, on any object whose class inherits the method (a call made from C,
+  ``map(math.fsum, ...)``, is not seen: prefer to forbid the Python function behind a C entry
+  point, or to check what C cannot do).
+* Numba: a compiled dispatcher runs native code that no profile hook sees. Every dispatcher whose
+  Python function matches the plan, or whose compiled code calls such a dispatcher, has its
+  compiled entry points switched off for the duration (calls then fall back into the
+  dispatcher's Python methods, which the hook refuses), and its overloads' entry points are
+  refused if called directly.
+* Switching the guard off — ``sys.setprofile``, ``sys.settrace``, ``threading.setprofile``, their
+  ``get`` twins, ``sys.monitoring`` — is recorded as tampering, and so is a profile hook that is
+  no longer the guard's when the probe ends.
+* Threads: before Python 3.12 a profile hook cannot be given to a thread that is already
+  running, so a thread the notebook's cells started (not the kernel's, nor tqdm's monitor) that
+  is still running when a probe starts fails the case. A thread started *during* a probe gets
+  the hook and keeps it: later it answers to whichever guard is on (the seal's ``active``), so a
+  worker left over from one check is watched in the next. A thread started with ``_thread``
+  directly (which ``threading.setprofile`` does not reach) is refused.
+
+The seal. ``tampered(state)`` lists what changed since ``seal()`` among the functions, methods,
+classes and modules of ``SEALED_MODULES`` (the simulator, the pipeline-parallel helpers, every
+other non-grading ``mlsys_lab`` module, ``json``, ``threading``, numpy, builtins, the kernel's
+display publisher and session): a replaced attribute or ``sys.modules`` entry, a swapped
+``__code__`` or ``__defaults__``. The hidden cell looks before and after the probes and fails
+every case when anything changed, and sends the payload with the JSON encoder and publisher the
+seal holds, not the kernel's current ones.
+
+The guard is a tripwire for every shortcut a notebook offers, not a sandbox: code that walks the
+interpreter's frames or objects to find and rewrite the guard's or the seal's state is deliberate
+reverse engineering and out of scope.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import gc
+import glob
+import hashlib
+import importlib
+import inspect
+import os
+import sys
+import threading
+import types
+import weakref
+from typing import Any, Iterable
+
+from mlsys_lab.grading.core.wire import OffLimitsError
+
+__all__ = ["Guard", "OffLimitsError", "fingerprint", "plan_for", "unguarded"]
+
+#: Functions with at least this many instructions (normalised, see ``fingerprint``) are also
+#: matched by fingerprint, as a pasted copy; smaller ones (``return x * x``, a one-line numpy
+#: formula) look like honest answers, so only their origin counts. Counted in instructions, not
+#: bytes: Python 3.11's inline caches make ``np.f(x)`` alone 30 bytes.
+DISTINCTIVE = 40
+_GRADING_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_ACTIVE: Guard | None = None
+
+
+# ----------------------------------------------------------------------------- code identity
+
+#: Instructions that say nothing about what a function does, or depend on where it was compiled.
+_DROP = frozenset({"CACHE", "EXTENDED_ARG", "NOP", "RESUME", "PRECALL", "PUSH_NULL", "MAKE_CELL",
+                   "COPY_FREE_VARS"})
+#: Variable access by kind: a local's name is replaced by its position (arguments) or its order
+#: of first use; a global's (or a free variable's) name is kept, so ``np`` defined at module
+#: level or in an enclosing function reads the same.
+_LOCAL_OPS = {"LOAD_FAST": "LOAD", "LOAD_FAST_CHECK": "LOAD", "LOAD_FAST_AND_CLEAR": "LOAD",
+              "LOAD_DEREF": "LOAD", "LOAD_CLASSDEREF": "LOAD", "LOAD_FROM_DICT_OR_DEREF": "LOAD",
+              "STORE_FAST": "STORE", "STORE_DEREF": "STORE", "DELETE_FAST": "DELETE",
+              "DELETE_DEREF": "DELETE", "LOAD_FAST_LOAD_FAST": "LOAD",
+              "STORE_FAST_STORE_FAST": "STORE", "STORE_FAST_LOAD_FAST": "STORE_LOAD"}
+_GLOBAL_OPS = {"LOAD_GLOBAL": "LOAD", "LOAD_NAME": "LOAD", "LOAD_FROM_DICT_OR_GLOBALS": "LOAD",
+               "STORE_GLOBAL": "STORE", "STORE_NAME": "STORE", "DELETE_GLOBAL": "DELETE",
+               "DELETE_NAME": "DELETE"}
+#: ``np.f(x)`` compiles to LOAD_ATTR when the same code unit imports ``np``, else to LOAD_METHOD.
+_RENAMED = {"LOAD_METHOD": "LOAD_ATTR"}
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+#: co_flags that change what a function is (varargs, generators, coroutines), not how it was
+#: compiled (nested, ``from __future__ import annotations``).
+_FLAGS = 0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200
+_IDENTITY: dict[int, tuple[Any, str, int]] = {}  # id(code) -> (weakref to it, fingerprint, size)
+
+
+def _norm_const(value: Any) -> str:
+    if isinstance(value, types.CodeType):
+        return "code:" + fingerprint(value)
+    if isinstance(value, (str, bytes)):
+        return "s"  # docstrings and messages may be edited in a copy
+    if isinstance(value, (tuple, frozenset)):
+        parts = [_norm_const(v) for v in value]
+        return "(" + ",".join(sorted(parts) if isinstance(value, frozenset) else parts) + ")"
+    return f"{type(value).__name__}:{value!r}"
+
+
+def _normalise(code: types.CodeType, outer: dict[str, str] | None = None) -> tuple[str, int]:
+    """(fingerprint, number of instructions) of a code object's normalised instruction stream.
+
+    ``outer`` names the enclosing function's tokens for this code's free variables (when it is
+    hashed as a constant of that function), so a closure over a renamed local still matches.
+    """
+    nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(
+        code.co_flags & 0x08)
+    tokens = {name: f"A{i}" for i, name in enumerate(code.co_varnames[:nargs])}
+    free = set(code.co_freevars)
+    n_locals = 0
+
+    def token(name: str) -> str:
+        nonlocal n_locals
+        if name not in tokens:
+            if name in free:
+                tokens[name] = (outer or {}).get(name) or f"G:{name}"
+            else:
+                tokens[name] = f"L{n_locals}"
+                n_locals += 1
+        return tokens[name]
+
+    instructions = list(dis.get_instructions(code))
+    index, kept = {}, 0  # jump target offset -> index of the next kept instruction
+    for ins in instructions:
+        index[ins.offset] = kept
+        kept += ins.opname not in _DROP
+    parts = [f"{code.co_argcount},{code.co_posonlyargcount},{code.co_kwonlyargcount},"
+             f"{code.co_flags & _FLAGS}"]
+    for ins in instructions:
+        op, arg = ins.opname, ins.argval
+        if op in _DROP:
+            continue
+        if op in _LOCAL_OPS:
+            names = arg if isinstance(arg, tuple) else (arg,)
+            toks = [token(n) for n in names]
+            scope = "G" if all(t.startswith("G:") for t in toks) else "L"
+            text = f"{_LOCAL_OPS[op]}_{scope} {','.join(toks)}"
+        elif op in _GLOBAL_OPS:
+            text = f"{_GLOBAL_OPS[op]}_G G:{arg}"
+        elif op == "LOAD_CLOSURE":  # emitted in alphabetical order of the captured names
+            text = op
+        elif op == "KW_NAMES":
+            text = f"{op} {arg!r}"
+        elif isinstance(arg, types.CodeType):
+            inner = {n: token(n) if n in tokens or n in free else "F" for n in arg.co_freevars}
+            text = f"{op} code:{_normalise(arg, inner)[0]}"
+        elif ins.opcode in dis.hasconst:
+            text = f"{op} {_norm_const(arg)}"
+        elif ins.opcode in _JUMPS:
+            text = f"{op} ->{index.get(arg, arg)}"
+        else:
+            text = f"{_RENAMED.get(op, op)} {arg!r}" if ins.arg is not None else op
+        parts.append(text)
+    digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
+    return digest, kept
+
+
+def _identity(code: types.CodeType) -> tuple[str, int]:
+    """``(fingerprint(code), its instruction count)``, computed once per code object."""
+    known = _IDENTITY.get(id(code))
+    if known is not None and known[0]() is code:
+        return known[1], known[2]
+    fp, size = _normalise(code)
+    key = id(code)
+    _IDENTITY[key] = (weakref.ref(code, lambda _, key=key: _IDENTITY.pop(key, None)), fp, size)
+    return fp, size
+
+
+#: Untrusted code at least this big (normalised instructions) whose instruction stream equals a
+#: forbidden function's, under the same qualified name, is that function cloned
+#: (``code.replace(co_filename=...)``), whatever its size.
+CLONE = 12
+#: Jaccard similarity of instruction n-grams at or above which student code is a copy of a
+#: forbidden function (both at least ``DISTINCTIVE`` instructions). Independent answers to the
+#: chapters' exercises score at most about 0.45 against the references (see the tests); a paste
+#: with a few lines added, removed or renamed scores 0.8 and more.
+SIMILAR = 0.85
+_NGRAMS = (3, 4, 5)
+_PURE_LOADS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})
+_GRAMS: dict[int, tuple[Any, frozenset]] = {}  # id(code) -> (weakref to it, its n-grams)
+_CODE_OF_FP: dict[str, types.CodeType] = {}  # forbidden code seen by ``_entry``, by fingerprint
+
+
+def _tokens(code: types.CodeType) -> list[str]:
+    """A code object's instruction stream for similarity: local names, string constants, jump
+    targets and call-protocol details abstracted (so an added line shifts nothing), global and
+    attribute names and numbers kept."""
+    nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(
+        code.co_flags & 0x08)
+    args = {name: f"A{i}" for i, name in enumerate(code.co_varnames[:nargs])}
+    instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in _DROP]
+    read = set(code.co_cellvars) | set(code.co_freevars)
+    for ins in instructions:
+        if ins.opname in _LOCAL_OPS and _LOCAL_OPS[ins.opname] != "STORE":
+            read.update(ins.argval if isinstance(ins.argval, tuple) else (ins.argval,))
+    out = []
+    for k, ins in enumerate(instructions):
+        op, arg = ins.opname, ins.argval
+        nxt = instructions[k + 1] if k + 1 < len(instructions) else None
+        # Padding does not count: a value loaded and dropped (``x``), or stored in a local
+        # nothing reads (``_unused = None``).
+        if nxt is not None and op in _PURE_LOADS and (
+                nxt.opname == "POP_TOP" or (nxt.opname in ("STORE_FAST", "STORE_DEREF")
+                                            and nxt.argval not in read)):
+            continue
+        if op in ("POP_TOP", "STORE_FAST", "STORE_DEREF") and k and (
+                instructions[k - 1].opname in _PURE_LOADS) and (
+                op == "POP_TOP" or arg not in read):
+            continue
+        if op in _LOCAL_OPS:
+            names = arg if isinstance(arg, tuple) else (arg,)
+            out.append(f"{_LOCAL_OPS[op]} " + ",".join(args.get(n, "L") for n in names))
+        elif op in _GLOBAL_OPS:
+            out.append(f"{_GLOBAL_OPS[op]}_G {arg}")
+        elif isinstance(arg, types.CodeType):
+            out.append(f"{op} code")
+        elif ins.opcode in dis.hasconst:
+            out.append(f"{op} {_norm_const(arg) if not isinstance(arg, tuple) else 'tuple'}")
+        elif ins.opcode in _JUMPS:
+            out.append(op)
+        elif op in ("LOAD_CLOSURE", "PRECALL", "CALL", "KW_NAMES"):
+            out.append(op)
+        else:
+            out.append(f"{_RENAMED.get(op, op)} {arg!r}" if ins.arg is not None else op)
+    return out
+
+
+def shingles(code: types.CodeType) -> frozenset:
+    """The set of hashed instruction n-grams (n = 3, 4, 5 over ``_tokens``) of a code object,
+    computed once per code object."""
+    known = _GRAMS.get(id(code))
+    if known is not None and known[0]() is code:
+        return known[1]
+    tokens = _tokens(code)
+    grams = frozenset(hash(tuple(tokens[i:i + n])) for n in _NGRAMS
+                      for i in range(max(len(tokens) - n + 1, 0)))
+    key = id(code)
+    _GRAMS[key] = (weakref.ref(code, lambda _, key=key: _GRAMS.pop(key, None)), grams)
+    return grams
+
+
+def similarity(a: types.CodeType, b: types.CodeType) -> float:
+    """Jaccard similarity of two code objects' instruction n-grams (1.0: the same stream)."""
+    x, y = shingles(a), shingles(b)
+    return len(x & y) / len(x | y) if x or y else 1.0
+
+
+def _exact_const(value: Any) -> tuple:
+    if isinstance(value, frozenset):  # its order depends on the process's string hashes
+        return ("frozenset", tuple(sorted(repr(v) for v in value)))
+    return (type(value).__name__, repr(value))
+
+
+def _exact(code: types.CodeType) -> tuple:
+    """What a code object does, exactly: its bytes, constants and names (nested code included)."""
+    consts = tuple(_exact(c) if isinstance(c, types.CodeType) else _exact_const(c)
+                   for c in code.co_consts)
+    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars,
+            code.co_cellvars, code.co_flags, code.co_argcount, code.co_kwonlyargcount)
+
+
+_ON_DISK: dict[str, dict[tuple, tuple] | None] = {}  # file -> {where: _exact of its code there}
+
+
+def _on_disk(filename: str) -> dict[tuple, tuple] | None:
+    """``{where: (_exact, code)}`` of every code object compiled from a source file as it is on
+    disk (once per file), or None when it is not a Python source file that compiles."""
+    path = _REALPATH.get(filename) or os.path.realpath(filename)
+    if path in _ON_DISK:
+        return _ON_DISK[path]
+    table = None
+    if path.endswith(".py") and not filename.startswith("<"):
+        top = _cached_code(path)
+        if top is None:
+            try:
+                with open(path, "rb") as f:
+                    top = compile(f.read(), path, "exec", dont_inherit=True)
+            except (OSError, SyntaxError, ValueError):
+                top = None
+        if top is not None:
+            table = {_where(c): (_exact(c), c) for c in _codes(top)}
+    _ON_DISK[path] = table
+    return table
+
+
+def _cached_code(path: str) -> types.CodeType | None:
+    """The code in a source file's ``__pycache__`` entry when it is up to date with the file
+    (its recorded modification time and size match, as the import system checks), else None:
+    reading it is many times faster than compiling the source."""
+    import importlib.util
+    import marshal
+    try:
+        cached = importlib.util.cache_from_source(path)
+        with open(cached, "rb") as f:
+            data = f.read()
+        stat = os.stat(path)
+    except (OSError, NotImplementedError, ValueError):
+        return None
+    if len(data) < 16 or data[:4] != importlib.util.MAGIC_NUMBER:
+        return None
+    flags = int.from_bytes(data[4:8], "little")
+    if flags != 0 or (int.from_bytes(data[8:12], "little") != int(stat.st_mtime) & 0xFFFFFFFF
+                      or int.from_bytes(data[12:16], "little") != stat.st_size & 0xFFFFFFFF):
+        return None  # a hash-based or stale entry: compile the source instead
+    try:
+        code = marshal.loads(data[16:])
+    except (EOFError, ValueError, TypeError):
+        return None
+    if not isinstance(code, types.CodeType) or os.path.realpath(code.co_filename) != path:
+        return None
+    return code
+
+
+_ROOTS: list[tuple[str, ...]] = []
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Where installed code lives: the standard library, site-packages and the mlsys_lab
+    package (an editable install lives elsewhere)."""
+    if not _ROOTS:
+        import site
+        import sysconfig
+        paths = sysconfig.get_paths()
+        roots = [paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+        try:
+            roots += site.getsitepackages() + [site.getusersitepackages()]
+        except AttributeError:  # a virtualenv's old site module
+            pass
+        roots.append(os.path.dirname(_GRADING_DIR))  # .../mlsys_lab
+        _ROOTS.append(tuple(sorted({os.path.join(os.path.realpath(r), "") for r in roots
+                                    if r})))
+    return _ROOTS[0]
+
+
+def _as_on_disk(code: types.CodeType) -> bool:
+    """Whether ``code`` is exactly what an installed source file (the standard library's,
+    site-packages', mlsys_lab's), as it is on disk, compiles to at its place: the library's own
+    code, loaded after the seal or a private copy, and not a clone or an edit claiming the
+    file's name. A file the notebook wrote elsewhere (its folder, /tmp) is never the library's.
+    """
+    if code.co_filename.startswith("<"):
+        return False
+    path = _where(code)[0]
+    if not path.startswith(_library_roots()):
+        return False
+    table = _on_disk(code.co_filename)
+    known = table.get(_where(code)) if table else None
+    return known is not None and known[0] == _exact(code)
+
+
+def _code_at(where: tuple) -> types.CodeType | None:
+    """The code object the file ``where[0]`` compiles to at ``where`` (a forbidden function's
+    code, for its n-grams, when the kernel has not imported it)."""
+    table = _on_disk(where[0]) if not _synthetic(where[0]) else None
+    known = table.get(tuple(where)) if table else None
+    return known[1] if known else None
+
+
+def _grader_own(code: types.CodeType) -> bool:
+    """Whether ``code`` is the grading package's own code, compiled from its files as they are
+    on disk (the private copies the grader's hidden cell runs): same place, same bytes."""
+    return _grading_file(code.co_filename) and _as_on_disk(code)
+
+
+def fingerprint(code: types.CodeType) -> str:
+    """A hash of a code object's normalised instruction stream (nested code included): the same
+    for a copy compiled from pasted source with renamed locals, edited docstrings and messages,
+    with or without the module's imports, at module level or inside a function.
+
+    Global and attribute names, numbers and the control flow are kept; local names, string
+    constants, inline caches and call-protocol details (LOAD_METHOD vs LOAD_ATTR, PRECALL,
+    PUSH_NULL) are not.
+    """
+    return _identity(code)[0]
+
+
+def _qualname(code: types.CodeType) -> str:
+    return getattr(code, "co_qualname", code.co_name)
+
+
+_REALPATH: dict[str, str] = {}
+
+
+def _where(code: types.CodeType) -> tuple[str, int, str]:
+    name = code.co_filename
+    path = _REALPATH.get(name)
+    if path is None:
+        path = _REALPATH[name] = name if name.startswith("<") else os.path.realpath(name)
+    return (path, code.co_firstlineno, _qualname(code))
+
+
+def _codes(code: types.CodeType) -> Iterable[types.CodeType]:
+    """A code object and every code object nested in it."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _synthetic(filename: str) -> bool:
+    """Code compiled from a string (``exec``, dataclasses, namedtuples): its file, line and name
+    say nothing about what it is."""
+    return filename.startswith("<")
+
+
+def _entry(code: types.CodeType, label: str) -> dict:
+    """One forbidden function as plain data; ``label`` is how refusals name it.
+
+    ``distinctive``: big enough to be matched by fingerprint alone (a pasted copy).
+    """
+    path, line, qualname = _where(code)
+    fp, size = _identity(code)
+    _CODE_OF_FP.setdefault(fp, code)
+    # How many n-grams it has: the kernel compares a copy's count first, and computes the
+    # n-grams themselves only for the few functions of about its size.
+    grams = len(shingles(code)) if size >= DISTINCTIVE else 0
+    return {"label": label, "file": path, "line": line, "qualname": qualname, "size": size,
+            "fp": fp, "distinctive": size >= DISTINCTIVE, "grams": grams}
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+#: Where wrapper objects keep the function they wrap, in the order tried: methods and
+#: static/class methods, Numba dispatchers, numpy's array-function dispatchers,
+#: ``functools.wraps``, ``functools.partial``, ``@graph_pass`` objects and the CUDA simulator's
+#: kernels.
+_WRAPPED = ("__func__", "py_func", "_implementation", "__wrapped__", "func", "fn")
+_PLAIN = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodDescriptorType,
+          types.WrapperDescriptorType, property)
+
+
+def _unwrap(obj: Any) -> Any:
+    """The plain function (or class / C function / property) behind a wrapper object.
+
+    A Python function is unwrapped only through ``__wrapped__`` (``functools.wraps``); any other
+    callable object through the first of ``_WRAPPED`` that holds a callable.
+    """
+    for _ in range(8):
+        if isinstance(obj, _PLAIN):
+            break
+        names = ("__wrapped__",) if isinstance(obj, types.FunctionType) else _WRAPPED
+        for name in names:
+            try:
+                inner = getattr(obj, name, None)
+            except Exception:  # a property of the wrapper that fails
+                inner = None
+            if inner is not None and inner is not obj and callable(inner):
+                obj = inner
+                break
+        else:
+            break
+    return obj
+
+
+def _targets(obj: Any, label: str) -> tuple[list[dict], list[dict]]:
+    """(code entries, C-function entries) for one resolved spec."""
+    obj = _unwrap(obj)
+    if isinstance(obj, property):
+        parts = [f for f in (obj.fget, obj.fset, obj.fdel) if f is not None]
+        return [_entry(f.__code__, f"`{label}`") for f in parts], []
+    if isinstance(obj, types.FunctionType):
+        return [_entry(obj.__code__, f"`{label}`")], []
+    if isinstance(obj, type):
+        code, builtin = [], []
+        for name, member in vars(obj).items():
+            inner = _unwrap(member)
+            if isinstance(inner, type) and not inner.__qualname__.startswith(obj.__qualname__):
+                continue
+            if isinstance(inner, (types.FunctionType, property, type)):
+                c, b = _targets(member, f"{label}.{name}")
+                code, builtin = code + c, builtin + b
+        return code, builtin
+    if isinstance(obj, (types.BuiltinFunctionType, types.MethodDescriptorType,
+                        types.WrapperDescriptorType)):
+        self = getattr(obj, "__self__", None)
+        owner_cls = getattr(obj, "__objclass__", self if isinstance(self, type) else None)
+        if owner_cls is not None:  # a method, or a classmethod (``dict.fromkeys``)
+            owner = f"{owner_cls.__module__}.{owner_cls.__qualname__}"
+        else:
+            owner = self.__name__ if isinstance(self, types.ModuleType) else obj.__module__
+        return [], [{"label": f"`{label}`", "name": obj.__name__, "owner": owner}]
+    raise ValueError(
+        f"cannot guard {label}: a {type(obj).__name__} is neither a Python function, a class, a "
+        f"wrapper of one (a Numba dispatcher, a Pass) nor a C function; check the idea instead "
+        f"of forbidding it"
+    )
+
+
+def _resolve(spec: str) -> tuple[list[dict], list[dict]]:
+    module_name, _, path = spec.partition(":")
+    module = importlib.import_module(module_name)
+    if not path:  # a whole module: every function compiled from its source
+        filename = inspect.getsourcefile(module)
+        with open(filename, encoding="utf-8") as f:
+            top = compile(f.read(), filename, "exec")
+        codes = [c for c in _codes(top) if c is not top]
+        return [_entry(c, f"`{module_name}.{_qualname(c)}`") for c in codes], []
+    obj = module
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return _targets(obj, f"{module_name}.{path}")
+
+
+def _grading_file(filename: str) -> bool:
+    return not filename.startswith("<") and os.path.realpath(filename).startswith(_GRADING_DIR)
+
+
+def _reachable(roots: Iterable[Any]) -> set[tuple]:
+    """Where-keys of every grading-package function the roots can reach (what a probe uses)."""
+    keys: set[tuple] = set()
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend(obj)
+            continue
+        if isinstance(obj, dict):
+            todo.extend(obj.values())
+            continue
+        if isinstance(obj, type):
+            if obj.__module__.startswith("mlsys_lab.grading"):
+                todo.extend(vars(obj).values())
+            continue
+        fn = _unwrap(obj)
+        if isinstance(fn, property):
+            todo.extend(f for f in (fn.fget, fn.fset, fn.fdel) if f is not None)
+            continue
+        if not isinstance(fn, types.FunctionType) or not _grading_file(fn.__code__.co_filename):
+            continue
+        names: set[str] = set()
+        for code in _codes(fn.__code__):
+            keys.add(_where(code))
+            names.update(code.co_names)
+        scope = fn.__globals__
+        modules = [v for v in scope.values() if isinstance(v, types.ModuleType)
+                   and v.__name__.startswith("mlsys_lab.grading")]
+        for name in names:
+            if name in scope:
+                todo.append(scope[name])
+            todo.extend(getattr(m, name) for m in modules if hasattr(m, name))
+        todo.extend(cell.cell_contents for cell in fn.__closure__ or () if _filled(cell))
+        todo.extend(fn.__defaults__ or ())
+        todo.extend((fn.__kwdefaults__ or {}).values())
+    return keys
+
+
+def _filled(cell) -> bool:
+    try:
+        return cell.cell_contents is not cell
+    except ValueError:  # an empty cell
+        return False
+
+
+_REFERENCE_CODES: dict[str, list[types.CodeType]] = {}
+
+
+def _reference_codes() -> list[types.CodeType]:
+    """Every function compiled from the exercise modules, ``mlsys_lab/grading/exercises/``."""
+    out = []
+    pattern = os.path.join(_GRADING_DIR, "exercises", "**", "*.py")
+    for filename in sorted(glob.glob(pattern, recursive=True)):
+        if filename not in _REFERENCE_CODES:
+            with open(filename, encoding="utf-8") as f:
+                top = compile(f.read(), filename, "exec")
+            _REFERENCE_CODES[filename] = [c for c in _codes(top) if c is not top]
+        out.extend(_REFERENCE_CODES[filename])
+    return out
+
+
+def task_of(exercise) -> str:
+    """How refusals name what the exercise asks for: its ``task``, else its target names."""
+    return exercise.task or " and ".join(f"`{t}`" for t in exercise.targets)
+
+
+_PLANS: dict[int, tuple[Any, dict]] = {}
+
+
+def plan_for(exercise) -> dict:
+    """The guard plan of an exercise, as plain data (what the grader sends to the kernel).
+
+    Raises:
+        ValueError: a ``forbidden`` spec names something that cannot be guarded (a ufunc).
+        ImportError, AttributeError: a spec names a module or attribute that does not exist.
+    """
+    cached = _PLANS.get(id(exercise))
+    if cached is not None and cached[0] is exercise:
+        return cached[1]
+    plan = _make_plan(exercise)
+    _PLANS[id(exercise)] = (exercise, plan)
+    return plan
+
+
+def _make_plan(exercise) -> dict:
+    code, builtin = [], []
+    for spec in exercise.forbidden:
+        c, b = _resolve(spec)
+        code, builtin = code + c, builtin + b
+    probes = [case.probe for case in exercise.cases if case.probe is not None]
+    used = _reachable(probes)
+    used_fps = set()
+    for ref in _reference_codes():
+        if _where(ref) in used:
+            used_fps.add(fingerprint(ref))
+            continue
+        module = os.path.splitext(os.path.basename(ref.co_filename))[0]
+        label = f"`mlsys_lab.grading.{module}.{_qualname(ref)}` (the grader's own reference)"
+        code.append(_entry(ref, label))
+    for entry in code:  # a probe helper with the same bytecode must not be refused
+        if entry["fp"] in used_fps:
+            entry["distinctive"] = False
+    allowed = getattr(exercise, "allowed", None)
+    return {"task": task_of(exercise), "code": code, "builtins": builtin,
+            "allowed": list(allowed) if allowed is not None else None}
+
+
+# ----------------------------------------------------------------------------- the seal
+
+#: Modules whose functions and classes a probe, its judge's inputs or the result's way out rely
+#: on: the seal records them before any student cell runs and ``tampered`` says what changed.
+#: (``mlsys_lab.grading`` itself is not among them: the grader runs private copies of it.)
+SEALED_MODULES = ("mlsys_lab", "json", "threading", "_thread", "queue", "numpy", "builtins",
+                  "sys", "base64", "io", "math", "reprlib", "dataclasses", "functools",
+                  "itertools", "os", "posix", "struct", "_struct", "time",  # 9.1's call pipe
+                  "concurrent", "IPython.display", "IPython.core.display_functions",
+                  "IPython.core.displaypub", "ipykernel.zmqshell", "ipykernel.iostream",
+                  "jupyter_client.session", "zmq.sugar.socket")
+_NOT_SEALED = ("mlsys_lab.grading",)
+#: Names the kernel itself sets and resets around each cell (ipykernel forwards ``input`` and
+#: installs its own hooks per request).
+_KERNEL_NAMES = {"builtins": frozenset({"exit", "quit", "get_ipython", "display", "input",
+                                        "raw_input", "_", "__", "___"}),
+                 "getpass": frozenset({"getpass"})}
+_SEAL_NAME = "__mlsys_lab_seal_{}__"
+_LOCAL_SEAL: dict | None = None
+
+
+_SEALED_TOPS = frozenset(m.partition(".")[0] for m in SEALED_MODULES)
+
+
+def _sealed_name(name: str) -> bool:
+    return (name.partition(".")[0] in _SEALED_TOPS
+            and any(name == m or name.startswith(m + ".") for m in SEALED_MODULES)
+            and not any(name == m or name.startswith(m + ".") for m in _NOT_SEALED))
+
+
+def _baseline() -> dict[int, types.CodeType]:
+    """Every code object the loaded modules hold (their functions, classes' methods, wrappers'
+    functions, nested code), by id: the code that is not the student's."""
+    found: dict[int, types.CodeType] = {}
+    seen: set[int] = set()
+
+    def add_code(code):
+        for c in _codes(code):
+            found[id(c)] = c
+
+    def visit(obj, depth=0):
+        if id(obj) in seen or depth > 6:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType):
+            add_code(obj.__code__)
+            inner = getattr(obj, "__wrapped__", None)
+            if inner is not None:
+                visit(inner, depth + 1)
+            return
+        if isinstance(obj, (staticmethod, classmethod, types.MethodType)):
+            visit(obj.__func__, depth + 1)
+            return
+        if isinstance(obj, property):
+            for f in (obj.fget, obj.fset, obj.fdel):
+                if f is not None:
+                    visit(f, depth + 1)
+            return
+        if isinstance(obj, type):
+            try:
+                members = list(vars(obj).values())
+            except TypeError:
+                return
+            for member in members:
+                visit(member, depth + 1)
+            return
+        # Wrappers (Numba dispatchers, partials, numpy's dispatchers, @graph_pass objects): read
+        # what they hold without getattr, which may import or create things (six, pytest.mark).
+        if isinstance(obj, functools.partial):
+            held = [obj.func]
+        elif type(obj).__name__ == "_ArrayFunctionDispatcher":
+            held = [getattr(obj, "_implementation", None)]
+        else:
+            try:
+                state = object.__getattribute__(obj, "__dict__")
+            except Exception:  # no instance dict
+                return
+            held = [state.get(n) for n in ("py_func", "func", "fn", "__wrapped__")
+                    if isinstance(state, dict)]
+        for inner in held:
+            if isinstance(inner, (types.FunctionType, type)):
+                visit(inner, depth + 1)
+
+    main = sys.modules.get("__main__")
+    for module in list(sys.modules.values()):
+        if module is main:  # the notebook's own namespace (``check()`` seals late)
+            continue
+        try:
+            values = list(vars(module).values())
+        except TypeError:
+            continue
+        for value in values:
+            if isinstance(value, types.ModuleType):
+                continue
+            try:
+                visit(value)
+            except Exception:  # an exotic object whose attributes fail: not code
+                pass
+    return found
+
+
+def _baseline_alive() -> dict[int, types.CodeType]:
+    """``_baseline`` for a kernel where no student code has run yet: the code of every function
+    object alive (the collector tracks them all), nested code included."""
+    found: dict[int, types.CodeType] = {}
+    function = types.FunctionType
+    main = getattr(sys.modules.get("__main__"), "__dict__", None)
+    code_type = types.CodeType
+    for fn in gc.get_objects():
+        if type(fn) is function and fn.__globals__ is not main:
+            code = fn.__code__
+            if id(code) in found:  # closures made by one function share its code
+                continue
+            todo = [code]
+            while todo:
+                c = todo.pop()
+                found[id(c)] = c
+                todo.extend(k for k in c.co_consts if type(k) is code_type)
+    return found
+
+
+def _snapshot_members(owner: Any) -> dict[str, tuple]:
+    """name -> (object, its __code__, its __defaults__, its __kwdefaults__) for every callable or
+    module in ``owner``'s namespace."""
+    out = {}
+    try:
+        items = list(vars(owner).items())
+    except TypeError:
+        return out
+    for name, value in items:
+        try:
+            if not (callable(value) or isinstance(value, (types.ModuleType, staticmethod,
+                                                          classmethod, property))):
+                continue
+        except Exception:  # an object whose __class__ lies
+            continue
+        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        code = getattr(fn, "__code__", None) if isinstance(fn, types.FunctionType) else None
+        defaults = (fn.__defaults__, fn.__kwdefaults__) if code is not None else (None, None)
+        out[name] = (value, code, *defaults)
+    return out
+
+
+def _channel_objects() -> list[tuple[str, Any]]:
+    """The objects a payload passes through on its way out of an IPython kernel."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if get is not None else None
+    if shell is None:
+        return []
+    pub = getattr(shell, "display_pub", None)
+    session = getattr(pub, "session", None)
+    socket = getattr(pub, "pub_socket", None)
+    return [(n, o) for n, o in (("the kernel's shell", shell), ("its display publisher", pub),
+                                ("its session", session), ("its socket", socket))
+            if o is not None]
+
+
+def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
+    """Record, before any student cell runs, what the grader's checks rely on in this kernel.
+
+    The grader runs this first in every kernel it starts. It imports the exercises' chapter
+    modules, then records: the code objects the loaded modules hold (``_baseline``; with a
+    ``key``, in a kernel no student cell has run in yet, every function alive: any other code
+    is the student's, whatever its file name, unless it is installed code as it is on disk),
+    the threads already running, the functions and classes of ``SEALED_MODULES`` (``tampered``
+    compares with them), the objects a payload leaves through, and private references to the
+    JSON encoder and the display publisher. The forbidden functions are not imported nor
+    fingerprinted here: a probe compiles what it needs of them from their files, once per
+    kernel. ``key`` (the grader's secret) names where it is kept for the hidden cells.
+    """
+    from mlsys_lab.grading.core.exercise import get_exercise
+    for ex_id in exercise_ids:
+        try:
+            get_exercise(ex_id)
+        except Exception:  # an unknown exercise: the grader reports it
+            continue
+    # The forbidden functions are not imported here: their code and n-grams are compiled from
+    # their files when a probe first needs them (``_code_at``), and library code loaded after
+    # the seal is recognised as it is on disk (``_as_on_disk``).
+    forbidden = {_where(code): code for code in _CODE_OF_FP.values()}
+    import json.encoder
+    try:
+        from IPython.display import publish_display_data
+    except ImportError:
+        publish_display_data = None
+    modules = {name: (module, _snapshot_members(module)) for name, module in
+               list(sys.modules.items()) if module is not None and _sealed_name(name)}
+    classes = {}
+    for name, (_, members) in modules.items():
+        for value, *_ in members.values():
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                classes[f"{name}.{value.__qualname__}"] = (value, _snapshot_members(value))
+    channel = [(label, obj, type(obj), _snapshot_members(obj)) for label, obj in
+               _channel_objects()]
+    start = getattr(threading.Thread.start, "__code__", None)
+    state = {
+        # A keyed seal runs in a fresh kernel before any student cell: every function alive
+        # is the library's, and the collector lists them faster than walking the modules.
+        "codes": _baseline_alive() if key is not None else _baseline(),
+        "forbidden": forbidden,
+        "grams": {},
+        "similar": {},
+        "threads": set(sys._current_frames()),
+        "modules": modules,
+        "classes": classes,
+        "channel": channel,
+        "encoder": json.encoder.JSONEncoder,
+        "publish": publish_display_data,
+        "thread_start": start,
+        "start_new_thread": tuple(getattr(sys.modules["_thread"], n) for n in (
+            "start_new_thread", "start_joinable_thread") if hasattr(sys.modules["_thread"], n)),
+        "keyed": key is not None,
+        "active": None,  # the guard that is on now
+        "hooked": {},  # ident -> thread: threads started while a probe ran (they are watched)
+        "origins": {},  # id(code) -> (code, its module or None, whether it is the student's)
+        "files": {"modules": -1, "map": {}},  # source file -> module, for the closed probe
+        "student_threads": weakref.WeakSet(),  # threads the student's code started
+    }
+    if key is not None:
+        import builtins
+        vars(builtins)[_SEAL_NAME.format(key)] = state
+    return state
+
+
+def find_seal(key: str) -> dict | None:
+    """The seal the grader's first cell recorded under ``key``, or None."""
+    import builtins
+    state = vars(builtins).get(_SEAL_NAME.format(key))
+    return state if isinstance(state, dict) and state.get("keyed") else None
+
+
+def _local_seal() -> dict:
+    """For ``check()`` in a notebook (no grader): a seal taken the first time a guard is made."""
+    global _LOCAL_SEAL
+    if _LOCAL_SEAL is None:
+        _LOCAL_SEAL = seal()
+    return _LOCAL_SEAL
+
+
+def _changed(old: tuple, new: Any) -> bool:
+    value, code, defaults, kwdefaults = old
+    if new is not value:
+        return True
+    if code is not None:
+        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        return (fn.__code__ is not code or fn.__defaults__ is not defaults
+                or fn.__kwdefaults__ is not kwdefaults)
+    return False
+
+
+def tampered(state: dict) -> list[str]:
+    """What the notebook changed of what the seal recorded: a replaced module, function, method
+    or class, a function's code or defaults swapped, an object on the result's way out patched.
+    An empty list when nothing changed."""
+    found = []
+    missing = object()
+    for name, (module, members) in state["modules"].items():
+        if sys.modules.get(name, module) is not module:
+            found.append(f"`sys.modules[{name!r}]`")
+            continue
+        try:
+            now = vars(module)
+        except TypeError:
+            continue
+        for attr, old in members.items():
+            if attr in _KERNEL_NAMES.get(name, ()) or (name == "sys" and attr.endswith("hook")):
+                continue
+            if _changed(old, now.get(attr, missing)):
+                found.append(f"`{name}.{attr}`")
+    for name, (cls, members) in state["classes"].items():
+        now = vars(cls)
+        for attr, old in members.items():
+            if _changed(old, now.get(attr, missing)):
+                found.append(f"`{name}.{attr}`")
+        for attr, value in now.items():  # a method added that shadows a base class's
+            if attr not in members and callable(value) and any(
+                    attr in vars(base) for base in cls.__mro__[1:]):
+                found.append(f"`{name}.{attr}`")
+    for label, obj, kind, members in state["channel"]:
+        if type(obj) is not kind:
+            found.append(label)
+            continue
+        now = vars(obj)
+        for attr, old in members.items():
+            if _changed(old, now.get(attr, missing)):
+                found.append(f"{label}'s `{attr}`")
+        for attr, value in now.items():
+            if attr not in members and callable(value) and hasattr(kind, attr):
+                found.append(f"{label}'s `{attr}`")
+    return found
+
+
+def _trusted(state: dict, code: types.CodeType) -> bool:
+    """Whether ``code`` is not the student's: held by a module when the seal was taken, or
+    installed code as it is on disk (the grading package's private copies, a library module
+    imported since)."""
+    return state["codes"].get(id(code)) is code or _as_on_disk(code)
+
+
+def _forbidden_code(state: dict, where: tuple, fp: str) -> types.CodeType | None:
+    """A forbidden function's code: the seal's, the one the plan was made from (``check()``),
+    or compiled from its file."""
+    where = tuple(where)
+    return state["forbidden"].get(where) or _CODE_OF_FP.get(fp) or _code_at(where)
+
+
+def _grams_of(state: dict, fp: str, where: tuple) -> frozenset | None:
+    grams = state["grams"].get(fp)
+    if grams is None:
+        code = _forbidden_code(state, where, fp)
+        if code is None:
+            return None
+        grams = state["grams"][fp] = shingles(code)
+    return grams
+
+
+def _similar(state: dict, code: types.CodeType, fps: dict[str, int | None],
+             where_of: dict[str, tuple]) -> list[str]:
+    """Those of the forbidden functions ``fps`` (fingerprint -> n-gram count) that ``code`` is a
+    copy of (Jaccard similarity of their n-grams at least ``SIMILAR``); each pair is compared
+    once per kernel, and only functions of about the same size are looked at."""
+    known = state["similar"].get(id(code))
+    if known is None or known[0] is not code:
+        known = state["similar"][id(code)] = (code, {})  # holds it: its id is not reused
+    verdicts = known[1]
+    mine = shingles(code)
+    n = len(mine)
+    for fp, count in fps.items():
+        if fp in verdicts:
+            continue
+        if count is not None and (not n or min(n, count) < SIMILAR * max(n, count)):
+            verdicts[fp] = False  # Jaccard <= min / max
+            continue
+        grams = _grams_of(state, fp, where_of[fp])
+        if grams is None:
+            continue
+        m = len(grams)
+        if not n or min(n, m) < SIMILAR * max(n, m):  # Jaccard <= min / max
+            verdicts[fp] = False
+            continue
+        common = len(mine & grams)
+        verdicts[fp] = common >= SIMILAR * (n + m - common)
+    return [fp for fp in fps if verdicts.get(fp)]
+
+
+# ----------------------------------------------------------------------------- enforcing it
+
+
+class unguarded:
+    """``with unguarded():`` lets a probe call forbidden functions itself (to build inputs).
+
+    Only code in the grading package may use it; from the student's code it is a violation.
+    It lifts the guard for the probe's own thread only.
+    """
+
+    def __enter__(self):
+        guard = _ACTIVE
+        self.guard = guard
+        if guard is None:
+            return self
+        if not _grading_file(sys._getframe(1).f_code.co_filename):
+            guard._violation("your code used the grader's unguarded(); the check cannot trust it")
+        guard._lifted += 1
+        return self
+
+    def __exit__(self, *exc):
+        if self.guard is not None:
+            self.guard._lifted -= 1
+        return False
+
+
+def _watched_builtins() -> dict[int, tuple[Any, str]]:
+    found = {}
+    for name in ("setprofile", "settrace", "getprofile", "gettrace", "_setprofileallthreads",
+                 "_settraceallthreads"):
+        if hasattr(sys, name):
+            found[id(getattr(sys, name))] = (getattr(sys, name), f"sys.{name}")
+    monitoring = getattr(sys, "monitoring", None)
+    for name in dir(monitoring) if monitoring is not None else ():
+        member = getattr(monitoring, name)
+        if isinstance(member, types.BuiltinFunctionType):
+            found[id(member)] = (member, f"sys.monitoring.{name}")
+    return found
+
+
+def _watched_python() -> dict[int, tuple[Any, str]]:
+    found = {}
+    for name in ("setprofile", "settrace", "getprofile", "gettrace", "setprofile_all_threads",
+                 "settrace_all_threads"):
+        fn = getattr(threading, name, None)
+        if isinstance(fn, types.FunctionType):
+            found[id(fn.__code__)] = (fn.__code__, f"threading.{name}")
+    return found
+
+
+# ----------------------------------------------------------------------------- the closed probe
+
+#: Always allowed, whatever the exercise: the import statement's machinery (importing is not
+#: running: a module that is not allowed still refuses when it is called), the kernel's own
+#: output path (``print`` in the student's code writes through ipykernel's streams), progress
+#: bars (tqdm) and pytest's capture.
+_KERNEL_IO = ("importlib._bootstrap", "importlib._bootstrap_external", "_frozen_importlib",
+              "_frozen_importlib_external", "_imp", "zipimport", "ipykernel", "IPython", "zmq",
+              "jupyter_client", "traitlets", "tornado", "comm", "tqdm", "_pytest", "_io", "io",
+              "codecs", "encodings")
+_STDLIB = frozenset(sys.stdlib_module_names)
+_IMPORTING = ("importlib._bootstrap", "_frozen_importlib")
+
+
+def _allowlist(entries: Iterable[str]) -> tuple[dict[str, bool], ...]:
+    """An exercise's ``allowed`` entries as one table: module -> permitted (``-`` refuses)."""
+    table = {name: True for name in _KERNEL_IO}
+    for entry in entries:
+        table[entry.lstrip("-")] = not entry.startswith("-")
+    return (table,)
+
+
+def _permits(allowed: tuple[dict[str, bool], ...], module: str) -> bool:
+    """Whether ``module`` may run: the longest allowlist entry that is it or a package above it
+    says so."""
+    table = allowed[0]
+    name = module
+    while True:
+        verdict = table.get(name)
+        if verdict is not None:
+            return verdict
+        name, dot, _ = name.rpartition(".")
+        if not dot:
+            return False
+
+
+def _module_of(state: dict, filename: str) -> str | None:
+    """The module a source file is loaded as (``sys.modules``), or None. Looked up by the file
+    name as the loader gave it (a module's ``__file__`` is its code's ``co_filename``), then by
+    its real path (a symlinked or relative name)."""
+    files = state["files"]
+    raw, real = files["map"], files.setdefault("real", {})
+    module = raw.get(filename)
+    if module is not None:
+        return module
+    if files["modules"] != len(sys.modules):
+        done = files.setdefault("done", set())
+        for name, mod in list(sys.modules.items()):
+            if name not in done:
+                done.add(name)
+                path = getattr(mod, "__file__", None)
+                if isinstance(path, str):
+                    raw.setdefault(path, name)
+                    files.setdefault("pending", []).append((path, name))
+        files["modules"] = len(sys.modules)
+        module = raw.get(filename)
+        if module is not None:
+            return module
+    if filename.startswith("<"):
+        return None
+    for path, name in files.pop("pending", ()):  # real paths only when a name did not match
+        real.setdefault(_realpath(path), name)
+    return real.get(_realpath(filename))
+
+
+def _realpath(name: str) -> str:
+    path = _REALPATH.get(name)
+    if path is None:
+        path = _REALPATH[name] = os.path.realpath(name)
+    return path
+
+
+def _claimed_module(state: dict, code: types.CodeType) -> str | None:
+    """The module ``code``'s file name says it belongs to (true for the library's code; the
+    student's may claim any), or None."""
+    filename = code.co_filename
+    if filename.startswith("<frozen "):
+        return filename[8:-1]
+    if _synthetic(filename):
+        return None
+    return _module_of(state, filename)
+
+
+def _origin(state: dict, code: types.CodeType) -> tuple[str | None, bool]:
+    """(the module ``code`` belongs to, or None when unknown; whether it is the student's).
+
+    The student's code is code the seal does not know and that is not installed code as it is
+    on disk (``_trusted``), whatever file name it claims; once per kernel per code object.
+    """
+    known = state["origins"].get(id(code))
+    if known is not None and known[0] is code:
+        return known[1], known[2]
+    student = not _trusted(state, code)
+    # Made from a string (namedtuples, dataclasses), the library's code is nobody's module.
+    module = None if student else _claimed_module(state, code)
+    state["origins"][id(code)] = (code, module, student)  # holds it: its id is not reused
+    return module, student
+
+
+def _c_module(builtin: Any) -> str | None:
+    """The module a C function Python code calls comes from: its module, or the module of the
+    class that defines the method (``list.append``: builtins)."""
+    owner = getattr(builtin, "__self__", None)
+    if isinstance(owner, types.ModuleType):
+        return owner.__name__
+    if owner is None:
+        return getattr(builtin, "__module__", None)
+    name = getattr(builtin, "__name__", None)
+    for cls in owner.__mro__ if isinstance(owner, type) else type(owner).__mro__:
+        if name in vars(cls):
+            return getattr(cls, "__module__", None)
+    return None
+
+
+_FORBIDDEN, _TAMPER, _DISPATCH, _SPAWN, _START = 1, 2, 3, 4, 5
+
+
+class Guard:
+    """Enforces one exercise's plan around each probe (see the module docstring).
+
+    Example:
+        >>> guard = Guard(plan_for(exercise))          # doctest: +SKIP
+        >>> with guard.watching():                      # doctest: +SKIP
+        ...     value = probe(answer)
+        >>> guard.violations                            # doctest: +SKIP
+        []
+    """
+
+    def __init__(self, plan: dict, state: dict | None = None, trusted: Iterable[Any] = ()):
+        """``trusted``: functions whose code is the grader's wherever it was written (the
+        exercise's probes), never the student's."""
+        self.task = plan.get("task", "this")
+        self._state = state if state is not None else _local_seal()
+        self._by_clone: dict[str, list[dict]] = {}  # fingerprint -> entries
+        self._by_where: dict[tuple, str] = {}
+        self._by_synthetic: dict[tuple, dict[str, str]] = {}  # where -> {fingerprint: label}
+        self._by_fp: dict[str, str] = {}
+        for e in plan["code"]:
+            where = (e["file"], e["line"], e["qualname"])
+            if _synthetic(e["file"]):  # every dataclass's __init__ comes from ("<string>", 2, ...)
+                self._by_synthetic.setdefault(where, {})[e["fp"]] = e["label"]
+            else:
+                self._by_where[where] = e["label"]
+            if e["distinctive"]:
+                self._by_fp.setdefault(e["fp"], e["label"])
+            if e["size"] >= CLONE:
+                self._by_clone.setdefault(e["fp"], []).append(e)
+        # Each big forbidden function's n-gram count; its n-grams are computed when a copy of
+        # about its size shows up (``_similar``), once per kernel.
+        self._gram_counts = {e["fp"]: e.get("grams") for e in plan["code"] if e["distinctive"]}
+        self._where_of_fp = {e["fp"]: (e["file"], e["line"], e["qualname"])
+                             for e in plan["code"]}
+        allowed = plan.get("allowed")
+        self._allowed = _allowlist(allowed) if allowed is not None else None
+        self._permitted: dict[str, bool] = {}
+        self._c_funcs: dict[str, dict[str, str]] = {}
+        for e in plan.get("builtins", ()):
+            self._c_funcs.setdefault(e["name"], {})[e["owner"]] = e["label"]
+        self._watched_c = _watched_builtins()
+        self._watched_py = _watched_python()
+        self.violations: list[str] = []
+        self._seen: dict[int, tuple] = {}
+        self._lifted = 0
+        self._closing = True
+        self._thread = threading.get_ident()
+        self._dispatchers: dict[int, tuple[Any, tuple[str, str]]] = {}
+        self._entry_points: dict[int, tuple[Any, tuple[str, str]]] = {}
+        self._dispatch_codes: dict[int, types.CodeType] = {}
+        self._found: list | None = None
+        self._clean: dict[int, tuple[Any, int]] = {}  # dispatchers that run no forbidden code
+        self._students: dict[int, types.CodeType] = {}  # the student's code seen, by id
+        # C functions looked up by identity: id -> (function, kind, label)
+        self._c_static = {id(f): (f, _SPAWN, None) for f in self._state["start_new_thread"]}
+        self._c_static.update((i, (f, _TAMPER, name)) for i, (f, name) in self._watched_c.items())
+        self._c_ids = dict(self._c_static)
+        self.hook = self._make_hook()
+        self.trust(trusted)
+
+    def trust(self, functions: Iterable[Any]) -> None:
+        """Count these functions' code (an exercise's probes: the grader's) as not the
+        student's, wherever it was defined."""
+        state = self._state
+        for fn in functions:
+            fn = _unwrap(fn)
+            if isinstance(fn, types.FunctionType):
+                for code in _codes(fn.__code__):
+                    state["codes"][id(code)] = code
+                    state["origins"].pop(id(code), None)
+
+    # -- matching -------------------------------------------------------------------------
+
+    def _label(self, code: types.CodeType) -> tuple[str, str] | None:
+        """(label, note) when ``code`` is forbidden: its origin matches, or it is a copy.
+
+        Code the seal does not know is the student's, whatever file name it claims: it is
+        refused when its instruction stream is a forbidden function's under the same name (a
+        clone made with ``code.replace``), or when it is similar to a big one (a pasted copy).
+        """
+        where = _where(code)
+        label = self._by_where.get(where)
+        if label is None and where in self._by_synthetic:
+            label = self._by_synthetic[where].get(fingerprint(code))
+        if label is not None:
+            return label, ""
+        if not (self._by_fp or self._by_clone) or _trusted(self._state, code):
+            return None
+        if len(code.co_code) < 2 * CLONE:  # every instruction is at least 2 bytes
+            return None
+        name = where[2].rpartition("<locals>.")[2]
+        fp, size = _identity(code)
+        label = self._clone_of(code, fp, where[2])
+        if label is None and size >= DISTINCTIVE and self._by_fp:
+            label = self._by_fp.get(fp)
+            if label is None:
+                matches = _similar(self._state, code, self._gram_counts, self._where_of_fp)
+                label = self._by_fp[matches[0]] if matches else None
+        if label is not None:
+            return label, f" (your `{name}` is a copy of its code)"
+        return None
+
+    def _clone_of(self, code: types.CodeType, fp: str, qualname: str) -> str | None:
+        """The label of the forbidden function ``code`` is a clone of: the same instruction
+        stream under the same qualified name, or the very same bytes, constants (docstring
+        included) and local and global names under any name. Comprehensions and lambdas
+        (``<listcomp>``) are never clones by themselves: a short ``[f(v) for v in xs]`` is the
+        same bytes everywhere."""
+        if code.co_name.startswith("<"):
+            return None
+        for e in self._by_clone.get(fp, ()):
+            if e["qualname"] == qualname:
+                return e["label"]
+            original = _forbidden_code(self._state, (e["file"], e["line"], e["qualname"]), fp)
+            if original is not None and _exact(original) == _exact(code):
+                return e["label"]
+        return None
+
+    def _classify(self, code: types.CodeType) -> tuple:
+        """(code, kind, label, foreign, student): what the hook does when ``code`` starts.
+
+        ``foreign``: (label, note, stdlib) when ``code`` belongs to a module the exercise's
+        allowlist does not permit (refused when the student's code calls it); ``student``:
+        whether it is the student's code (the allowlist applies to its calls; the student's
+        own code is permitted whatever file it claims).
+        """
+        label = self._label(code)
+        foreign, student = None, False
+        if self._allowed is not None:
+            student = _origin(self._state, code)[1]
+            if student:
+                self._students[id(code)] = code  # the hook checks the C functions it calls
+            elif code.co_name not in ("<module>", "__del__") and not _gc_callback(code):
+                module = _claimed_module(self._state, code)
+                if module is not None:
+                    foreign = self._foreign_label(module, _qualname(code))
+        if label is not None:
+            entry = (code, _FORBIDDEN, label, foreign, student)
+        elif id(code) in self._watched_py:
+            entry = (code, _TAMPER, self._watched_py[id(code)][1], foreign, student)
+        elif self._dispatch_codes.get(id(code)) is code:
+            entry = (code, _DISPATCH, None, foreign, student)
+        elif code is self._state.get("thread_start") and self._allowed is not None:
+            entry = (code, _START, None, foreign, student)
+        else:
+            entry = (code, None, None, foreign, student)
+        self._seen[id(code)] = entry  # holds the code object, so its id is never reused
+        return entry
+
+    def _foreign_label(self, module: str, name: str) -> tuple[str, str] | None:
+        """(label, note) of a function of ``module`` the allowlist does not permit, else None."""
+        permitted = self._permitted.get(module)
+        if permitted is None:
+            permitted = self._permitted[module] = _permits(self._allowed, module)
+        if permitted:
+            return None
+        top = module.partition(".")[0]
+        stdlib = top in _STDLIB
+        if stdlib and top in ("concurrent", "multiprocessing", "importlib", "xml", "email"):
+            top = ".".join(module.split(".")[:2])
+        where = "the standard library's" if stdlib else "the package"
+        return (f"`{module}.{name}`",
+                f" (while the check runs, your code may use only the standard library's plain "
+                f"data modules, numpy, mlsys_lab and what this exercise allows; {where} "
+                f"`{top}` is not among them)", stdlib)
+
+    def _violation(self, message: str) -> None:
+        """Record a violation (it sticks) and stop the student's code here."""
+        if message not in self.violations:
+            self.violations.append(message)
+        if threading.get_ident() != self._thread:
+            # Python drops a profile hook that raises: this thread is not watched any more.
+            self._state.get("hooked", {}).pop(threading.get_ident(), None)
+        raise OffLimitsError(message)
+
+    def _refuse(self, label: tuple[str, str] | str, tamper: bool = False) -> None:
+        if tamper:
+            self._violation(f"your code called `{label}`, which switches off the check's watch "
+                            f"for off-limits functions; the check cannot trust this result")
+        label, note = label
+        self._violation(f"this exercise asks you to write {self.task} yourself; {label} is off "
+                        f"limits here{note}")
+
+    def _make_hook(self):
+        """The profile hook: one function object (so ``sys.getprofile() is`` works) that reads
+        its tables from locals, since it runs on every call and return of the probe."""
+        me, seen, classify, c_ids, c_names = (self, self._seen, self._classify, self._c_ids,
+                                              self._c_funcs)
+        closed, students = self._allowed is not None, self._students
+        state = self._state
+
+        def handover(frame, event, arg):
+            # A thread started during an earlier probe keeps this hook: it answers to the
+            # guard that is on now (``seal`` state is shared by every copy of this module).
+            active = state.get("active")
+            if active is not None and active is not me:
+                active.hook(frame, event, arg)
+
+        def hook(frame, event, arg):
+            if event == "call":
+                if me._closing:
+                    return handover(frame, event, arg)
+                code = frame.f_code
+                entry = seen.get(id(code))
+                if entry is None or entry[0] is not code:
+                    entry = classify(code)
+                if entry[1] is not None:
+                    me._on_call(frame, entry)
+                elif entry[3] is not None:
+                    foreign = entry[3]
+                    if foreign[2]:  # the standard library's: refused when the student calls it
+                        back = frame.f_back
+                        if back is not None and students.get(id(back.f_code)) is back.f_code:
+                            me._on_forbidden(foreign[:2])
+                    else:  # a package's: the student's code may also be further down
+                        me._on_foreign(frame, foreign)
+            elif event == "c_call":
+                if me._closing:
+                    return handover(frame, event, arg)
+                hit = c_ids.get(id(arg))
+                if hit is not None and hit[0] is arg:
+                    me._on_c_id(frame, hit)
+                if closed:  # a C function the student's code calls must be allowed
+                    code = frame.f_code
+                    if students.get(id(code)) is code:
+                        me._on_c_call(arg)
+                owners = c_names.get(getattr(arg, "__name__", None)) if c_names else None
+                if owners is not None:
+                    label = _c_label(arg, owners)
+                    if label is not None:
+                        me._on_forbidden((label, ""))
+
+        def thread_hook(frame, event, arg):
+            """The first event of a thread started while a probe runs: note the thread (it is
+            watched from now on, by whichever guard is on) and hand it the hook."""
+            state.setdefault("hooked", {})[threading.get_ident()] = threading.current_thread()
+            sys.setprofile(hook)
+            return hook(frame, event, arg)
+
+        self._thread_hook = thread_hook
+        return hook
+
+    def _on_call(self, frame, entry) -> None:
+        kind = entry[1]
+        if kind == _START:  # ``Thread.start``: note the threads the student's code starts
+            if self._student_caller(frame):
+                thread = frame.f_locals.get("self")
+                if isinstance(thread, threading.Thread):
+                    self._state["student_threads"].add(thread)
+            if entry[3] is not None:
+                self._on_foreign(frame, entry[3])
+            return
+        if kind == _DISPATCH:
+            label = self._dispatcher_label(frame.f_locals.get("self"))
+            if label is None:
+                return
+        else:
+            label = entry[2]
+        if kind == _TAMPER:
+            self._refuse(label, tamper=True)
+        self._on_forbidden(label)
+
+    def _on_foreign(self, frame, foreign) -> None:
+        """A function of a module the allowlist does not permit starts: refuse it when the
+        student's code called it, directly or through the standard library (a callback:
+        ``heapq.merge(key=f)``, ``threading.Thread(target=f)`` in a thread the student's code
+        started). A permitted package calling it (numpy, mlsys_lab) is not the student's doing,
+        nor is the standard library using its own modules."""
+        label, note, stdlib_callee = foreign
+        state = self._state
+        back = frame.f_back
+        for depth in range(200):
+            if back is None:  # the bottom of a thread's stack: who started the thread?
+                if threading.current_thread() in state["student_threads"]:
+                    self._on_forbidden((label, note))
+                return
+            module, student = _origin(state, back.f_code)
+            if student:
+                self._on_forbidden((label, note))
+                return
+            if module is None or module.partition(".")[0] not in _STDLIB or module.startswith(
+                    _IMPORTING):
+                return  # a package's own doing, or the import machinery's (finders, loaders)
+            if depth == 0 and stdlib_callee:
+                return
+            back = back.f_back
+
+    def _on_c_call(self, builtin) -> None:
+        """The student's code calls a C function: refuse it when its module is not allowed."""
+        module = _c_module(builtin)
+        if module is not None:
+            foreign = self._foreign_label(module, getattr(builtin, "__name__", "?"))
+            if foreign is not None:
+                self._on_forbidden(foreign[:2])
+
+    def _student_caller(self, frame) -> bool:
+        """Whether the function running in ``frame`` was called by the student's code, directly
+        or through the standard library."""
+        back = frame.f_back
+        while back is not None:
+            module, student = _origin(self._state, back.f_code)
+            if student:
+                return True
+            if module is None or module.partition(".")[0] not in _STDLIB:
+                return False
+            back = back.f_back
+        return threading.current_thread() in self._state["student_threads"]
+
+    def _on_c_id(self, frame, hit) -> None:
+        _, kind, label = hit
+        if kind == _SPAWN:
+            if frame.f_code is not self._state["thread_start"]:
+                self._violation("your code started a thread with `_thread`, which the check "
+                                "cannot watch; the check cannot trust this result (use "
+                                "`threading.Thread`)")
+        elif kind == _TAMPER:
+            self._refuse(label, tamper=True)
+        else:  # a switched-off Numba entry point, called directly
+            self._on_forbidden(label)
+
+    def _on_forbidden(self, label) -> None:
+        if self._lifted and threading.get_ident() == self._thread:
+            return  # the grader's own ``unguarded()`` in the probe's thread
+        self._refuse(label)
+
+    # -- Numba ----------------------------------------------------------------------------
+
+    def _dispatcher_label(self, dispatcher) -> tuple[str, str] | None:
+        if dispatcher is None:
+            return None
+        known = self._dispatchers.get(id(dispatcher))
+        if known is not None and known[0] is dispatcher:
+            return known[1]
+        overloads = getattr(dispatcher, "overloads", None)
+        size = len(overloads) if isinstance(overloads, dict) else 0
+        known = self._clean.get(id(dispatcher))
+        if known is not None and known[0] is dispatcher and known[1] == size:
+            return None  # looked at already, with as many overloads: runs no forbidden code
+        label = self._dispatcher_label_of(dispatcher)
+        if label is None:
+            self._clean[id(dispatcher)] = (dispatcher, size)
+        return label
+
+    def _dispatcher_label_of(self, dispatcher) -> tuple[str, str] | None:
+        codes = [getattr(getattr(dispatcher, "py_func", None), "__code__", None)]
+        # What the overloads were compiled from: a swapped ``py_func`` does not change them.
+        overloads = getattr(dispatcher, "overloads", None)
+        for cres in list(overloads.values()) if isinstance(overloads, dict) else ():
+            func_id = getattr(getattr(cres, "type_annotation", None), "func_id", None)
+            codes.append(getattr(func_id, "code", None))
+        for code in codes:
+            if isinstance(code, types.CodeType):
+                entry = self._seen.get(id(code))
+                if entry is None or entry[0] is not code:
+                    entry = self._classify(code)
+                if entry[1] == _FORBIDDEN:
+                    return entry[2]
+        return None
+
+    def _switch_off_dispatchers(self) -> None:
+        """Find every compiled dispatcher that runs forbidden code and switch its entries off."""
+        mod = sys.modules.get("numba.core.dispatcher")
+        if mod is None or not (self._by_where or self._by_synthetic or self._by_fp):
+            return
+        for cls in mod.Dispatcher.__mro__ + _cuda_dispatcher_classes():
+            if cls.__module__.startswith("numba"):
+                for member in vars(cls).values():
+                    fn = _unwrap(member)
+                    if isinstance(fn, types.FunctionType):
+                        self._dispatch_codes[id(fn.__code__)] = fn.__code__
+        if self._found is None:  # once per guard: later copies are caught when they compile
+            self._found = _dispatchers(mod)
+        off: dict[int, tuple[Any, tuple[str, str]]] = {}
+        for d in self._found:
+            label = self._dispatcher_label(d)
+            if label is not None:
+                off[id(d)] = (d, label)
+        nbtypes = sys.modules["numba.core.types"]
+        changed = bool(off)  # nothing switched off: no compiled code can call it
+        while changed:  # dispatchers whose compiled code calls a switched-off one
+            changed = False
+            for d in self._found:
+                if id(d) in off or not isinstance(d, mod.Dispatcher):
+                    continue
+                for cres in list(d.overloads.values()):
+                    typemap = getattr(getattr(cres, "fndesc", None), "typemap", None) or {}
+                    callees = [t.dispatcher for t in typemap.values()
+                               if isinstance(t, nbtypes.Dispatcher) and id(t.dispatcher) in off]
+                    if callees:
+                        name = getattr(d.py_func, "__qualname__", "?")
+                        label, note = off[id(callees[0])][1]
+                        off[id(d)] = (d, (f"{label}, called from the compiled `{name}`,", note))
+                        changed = True
+                        break
+        self._dispatchers = off
+        for d, label in off.values():
+            if isinstance(d, mod.Dispatcher):
+                for cres in d.overloads.values():
+                    self._entry_points[id(cres.entry_point)] = (cres.entry_point, label)
+                    self._c_ids[id(cres.entry_point)] = (cres.entry_point, _FORBIDDEN, label)
+                d._clear()  # calls now fall back into the dispatcher's Python methods
+
+    def _restore_dispatchers(self) -> None:
+        mod = sys.modules.get("numba.core.dispatcher")
+        for d, _ in self._dispatchers.values():
+            if mod is not None and isinstance(d, mod.Dispatcher):
+                d._clear()
+                for cres in list(d.overloads.values()):
+                    d.add_overload(cres)
+        self._dispatchers = {}
+
+    # -- the probe's window ---------------------------------------------------------------
+
+    def watching(self) -> _Window:
+        """A context manager: the guard is on inside it; ``self.violations`` says what happened."""
+        return _Window(self)
+
+    def _running_threads(self) -> list[str]:
+        """Threads started since the seal (not the kernel's, nor tqdm's monitor) that are
+        running now: before Python 3.12 no profile hook can be given to them."""
+        me = threading.get_ident()
+        found = []
+        for ident in list(sys._current_frames()):
+            if ident == me or ident in self._state["threads"]:
+                continue
+            thread = threading._active.get(ident)
+            if self._state.get("hooked", {}).get(ident) is thread is not None:
+                continue  # started during a probe: it still has a guard's hook
+            if not _kernel_thread(thread):
+                found.append(f"`{getattr(thread, 'name', ident)}`")
+        return found
+
+    def _start(self) -> None:
+        global _ACTIVE
+        self.violations = []
+        self._lifted = 0
+        self._thread = threading.get_ident()
+        if not hasattr(threading, "setprofile_all_threads"):  # before Python 3.12
+            running = self._running_threads()
+            if running:
+                self._violation(
+                    f"a thread your notebook started before the check is still running "
+                    f"({', '.join(running[:3])}); on Python {sys.version_info[0]}."
+                    f"{sys.version_info[1]} the check cannot watch it, so it cannot trust this "
+                    f"result (join or shut down your threads and pools before the check)")
+        self._dispatch_codes = {}
+        self._entry_points = {}
+        self._c_ids.clear()
+        self._c_ids.update(self._c_static)
+        self._switch_off_dispatchers()
+        self._previous = (sys.getprofile(), getattr(threading, "_profile_hook", None))
+        _ACTIVE = self
+        self._state["active"] = self
+        if hasattr(threading, "setprofile_all_threads"):  # Python 3.12+: running threads too
+            threading.setprofile_all_threads(self.hook)
+        else:
+            threading.setprofile(self._thread_hook)
+            sys.setprofile(self.hook)
+        self._closing = False
+
+    def _stop(self) -> None:
+        global _ACTIVE
+        self._closing = True
+        current = sys.getprofile()
+        new_threads = getattr(threading, "_profile_hook", None)
+        expected = (self.hook if hasattr(threading, "setprofile_all_threads")
+                    else self._thread_hook)
+        if not self.violations and (current is not self.hook or new_threads is not expected):
+            self.violations.append(
+                "your code switched off the check's watch for off-limits functions (the profile "
+                "hook was removed or replaced); the check cannot trust this result"
+            )
+        previous, previous_threads = self._previous
+        if hasattr(threading, "setprofile_all_threads"):
+            threading.setprofile_all_threads(previous)
+        sys.setprofile(previous)
+        threading.setprofile(previous_threads)
+        self._restore_dispatchers()
+        if self._state.get("active") is self:
+            self._state["active"] = None
+        _ACTIVE = None
+
+
+def _gc_callback(code: types.CodeType) -> bool:
+    """True for the code of a function in ``gc.callbacks``: the collector calls it from whatever
+    frame allocated when a collection began (student code, say), but nobody there called it
+    (hypothesis, for one, registers such a callback)."""
+    return any(getattr(cb, "__code__", None) is code for cb in gc.callbacks)
+
+
+def _dispatchers(mod: types.ModuleType) -> list:
+    """Every Numba dispatcher alive. Each registers a ``weakref.finalize`` when it is made, so
+    the finalizers' registry lists them all at a fraction of a scan of every object; without
+    that registry, instances of the dispatcher classes are found through the collector (they
+    refer to their class)."""
+    kinds = _subclasses(mod._DispatcherBase)
+    registry = getattr(weakref.finalize, "_registry", None)
+    if isinstance(registry, dict):
+        found = []
+        for info in list(registry.values()):
+            ref = getattr(info, "weakref", None)
+            obj = ref() if isinstance(ref, weakref.ref) else None
+            if type(obj) in kinds:
+                found.append(obj)
+        return found
+    return [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
+
+
+def _subclasses(cls: type) -> set[type]:
+    """``cls`` and every class derived from it, now."""
+    found, todo = set(), [cls]
+    while todo:
+        c = todo.pop()
+        if c not in found:
+            found.add(c)
+            todo.extend(type.__subclasses__(c))
+    return found
+
+
+def _cuda_dispatcher_classes() -> tuple[type, ...]:
+    cuda = sys.modules.get("numba.cuda.dispatcher")
+    cls = getattr(cuda, "CUDADispatcher", None)
+    return cls.__mro__ if isinstance(cls, type) else ()
+
+
+def _c_label(builtin, owners: dict[str, str]) -> str | None:
+    """The label of a C function Python code is calling, if the plan forbids it.
+
+    ``owners`` maps owners (a module, ``numpy.ndarray``) to labels for the function's name. A
+    method matches when any class in its object's MRO is an owner that defines this very
+    method, so ``numpy:generic.view`` covers ``np.uint16(x).view`` and ``numpy:ndarray.mean`` an
+    ndarray subclass's ``mean``.
+    """
+    self = getattr(builtin, "__self__", None)
+    if isinstance(self, types.ModuleType):
+        return owners.get(self.__name__)
+    if self is None:
+        return owners.get(getattr(builtin, "__module__", None) or "")
+    bound_to_class = isinstance(self, type)  # a classmethod: ``dict.fromkeys``
+    for cls in self.__mro__ if bound_to_class else type(self).__mro__:
+        label = owners.get(f"{cls.__module__}.{cls.__qualname__}")
+        if label is None:
+            continue
+        method = vars(cls).get(builtin.__name__)
+        try:  # the same C function bound to the same object compares equal
+            if bound_to_class:
+                same = method.__get__(None, self) == builtin
+            else:
+                same = method.__get__(self, type(self)) == builtin
+        except Exception:  # not a descriptor we can rebind: trust the name
+            same = True
+        if same:
+            return label
+    return None
+
+
+#: Packages whose own threads (their classes, or ``Thread``s running their methods) start after
+#: the seal: the kernel's output pipes and zmq's garbage collector, tqdm's monitor.
+_KERNEL_PACKAGES = ("ipykernel", "zmq", "IPython", "jupyter_client", "tqdm")
+
+
+def _kernel_thread(thread: Any) -> bool:
+    """Whether a running thread is the kernel's (or tqdm's), not one the notebook started."""
+    def ours(kind: type) -> bool:
+        return getattr(kind, "__module__", "").partition(".")[0] in _KERNEL_PACKAGES
+
+    kind = type(thread)
+    if ours(kind):
+        return True
+    target = getattr(thread, "_target", None)
+    owner = getattr(target, "__self__", None)
+    return kind is threading.Thread and owner is not None and ours(type(owner))
+
+
+class _Window:
+    def __init__(self, guard: Guard):
+        self.guard = guard
+
+    def __enter__(self) -> Guard:
+        try:
+            self.guard._start()
+        except BaseException:  # never leave a library dispatcher switched off
+            self.guard._restore_dispatchers()
+            raise
+        return self.guard
+
+    def __exit__(self, *exc) -> bool:
+        self.guard._stop()
+        return False
