@@ -6,6 +6,7 @@ way.
 """
 
 from .engine.control import cond
+from .engine.ops_attention import scaled_dot_product_attention
 from .engine.ops_embedding import embedding, embedding_bag  # noqa: F401 - registers the ops
 from .engine.ops_math import (
                               abs,
@@ -75,6 +76,7 @@ __all__ = [
     "get_rng_state", "getitem", "gt", "identity", "layer_norm", "le", "log", "log_softmax", "lt",
     "manual_seed", "set_rng_state",
     "matmul", "max", "max_pool2d", "maximum", "mean", "minimum", "mse_loss", "mul", "ne", "neg",
-    "one_hot", "pad", "pow", "relu", "reshape", "rng_seed", "sigmoid", "sign", "sin", "softmax",
+    "one_hot", "pad", "pow", "relu", "reshape", "rng_seed", "scaled_dot_product_attention",
+    "sigmoid", "sign", "sin", "softmax",
     "sqrt", "stack", "sub", "sum", "take", "tanh", "transpose", "where",
 ]

@@ -1244,6 +1244,117 @@ spec("rng_seed", untestable="random, no inputs: checked for fresh and reproducib
      no_grad="integer seed output")
 
 
+
+# --- attention (mlsys_lab/engine/ops_attention.py) ---------------------------------------------
+def sdpa_ref(q, k, v, mask=None, is_causal=False, scale=None, gqa=False):
+    """Attention row by row in float64, written apart from the library: the keys that take part
+    (a bool mask's True, a finite additive bias, j <= i when causal), a softmax over them, the
+    weighted values; a row where none takes part is zero (PyTorch's answer since 2.5)."""
+    q, k, v = f64(q), f64(k), f64(v)
+    if gqa:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    L, S = q.shape[-2], k.shape[-2]
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q = np.broadcast_to(q, batch + q.shape[-2:])
+    k = np.broadcast_to(k, batch + k.shape[-2:])
+    v = np.broadcast_to(v, batch + v.shape[-2:])
+    if mask is None:
+        bias = np.zeros((L, S))
+    elif mask.dtype == bool:
+        bias = np.where(mask, 0.0, -INF)
+    else:
+        bias = f64(mask)
+    bias = np.broadcast_to(bias, batch + (L, S))
+    out = np.zeros(batch + (L, v.shape[-1]))
+    for b in np.ndindex(*batch):
+        for i in range(L):
+            take = [j for j in range(S) if bias[b + (i, j)] != -INF and (not is_causal or j <= i)]
+            if not take:
+                continue
+            s = np.array([scale * np.dot(q[b + (i,)], k[b + (j,)]) + bias[b + (i, j)]
+                          for j in take])
+            w = np.exp(s - s.max())
+            out[b + (i,)] = (w / w.sum()) @ v[b][take]
+    return out
+
+
+def _sdpa(name, shapes, mask=None, diff=(0, 1, 2), dtype=F64, **kw):
+    """A case of ml.ops.scaled_dot_product_attention: ``shapes`` of q, k, v; ``mask`` makes
+    the mask from the rng (or None); the op's keywords (is_causal, scale, enable_gqa) in kw."""
+    attrs = {a: kw.pop(a) for a in ("is_causal", "scale", "enable_gqa") if a in kw}
+
+    def make(r):
+        arrays = [rn(r, *s).astype(dtype) for s in shapes]
+        return arrays + ([mask(r)] if mask is not None else [])
+
+    def fn(q, k, v, *m):
+        return ops.scaled_dot_product_attention(q, k, v, *m, **attrs)
+
+    def ref(q, k, v, *m):
+        return sdpa_ref(q, k, v, m[0] if m else None, attrs.get("is_causal", False),
+                        attrs.get("scale"), attrs.get("enable_gqa", False))
+
+    def tfn(T, q, k, v, *m):
+        return T.nn.functional.scaled_dot_product_attention(q, k, v, *m, **attrs)
+
+    return _mk(OP_SDPA, name, fn, make, ref=ref, diff=diff, torch=tfn, rtol=kw.pop("rtol", 20),
+               **kw)
+
+
+OP_SDPA = "scaled_dot_product_attention"
+
+
+def _bool_mask(shape, dead_row=1):
+    """A random bool mask of ``shape`` (L, S) whose row ``dead_row`` is fully masked."""
+    def make(r):
+        m = r.random(shape) > 0.4
+        m[..., :, 0] |= True  # every other row keeps a key
+        if dead_row is not None:
+            m[..., dead_row, :] = False
+        return m
+    return make
+
+
+def _additive_mask(shape, dtype=F64):
+    """A float mask: random biases, some -inf, row 0 all -inf (fully masked)."""
+    def make(r):
+        m = r.standard_normal(shape)
+        m[r.random(shape) < 0.3] = -INF
+        m[..., :, 1] = 0.5
+        m[..., 0, :] = -INF
+        return m.astype(dtype)
+    return make
+
+
+spec(OP_SDPA,
+     _sdpa("basic", [(2, 3, 4), (2, 5, 4), (2, 5, 3)], second=True),
+     _sdpa("heads_float32", [(2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3)], dtype=F32),
+     _sdpa("bool_mask_dead_row", [(1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2)],
+           mask=_bool_mask((4, 5)), second=True),
+     _sdpa("bool_mask_per_head_f32", [(2, 4, 3), (2, 5, 3), (2, 5, 2)],
+           mask=_bool_mask((2, 4, 5), dead_row=3), dtype=F32),
+     _sdpa("additive_mask", [(2, 4, 3), (2, 5, 3), (2, 5, 2)], mask=_additive_mask((4, 5)),
+           diff=(0, 1, 2, 3), second=True),
+     _sdpa("additive_mask_f32", [(1, 3, 4, 3), (1, 3, 5, 3), (1, 3, 5, 2)],
+           mask=_additive_mask((3, 1, 5), F32), diff=(0, 1, 2, 3), dtype=F32),
+     _sdpa("causal_short_queries", [(2, 3, 4), (2, 5, 4), (2, 5, 3)], is_causal=True,
+           second=True),
+     _sdpa("causal_long_queries", [(1, 5, 3), (1, 3, 3), (1, 3, 4)], is_causal=True),
+     _sdpa("causal_f32", [(2, 2, 6, 4), (2, 2, 6, 4), (2, 2, 6, 4)], is_causal=True,
+           dtype=F32),
+     _sdpa("scale", [(2, 3, 4), (2, 5, 4), (2, 5, 3)], scale=0.9),
+     _sdpa("broadcast_batch", [(2, 3, 3, 2), (1, 3, 4, 2), (2, 1, 4, 2)]),
+     _sdpa("gqa", [(1, 4, 3, 2), (1, 2, 5, 2), (1, 2, 5, 3)], enable_gqa=True, second=True),
+     _sdpa("gqa_causal_f32", [(2, 6, 4, 3), (2, 2, 4, 3), (2, 2, 4, 3)], enable_gqa=True,
+           is_causal=True, dtype=F32),
+     _sdpa("single_key", [(2, 3, 4), (2, 1, 4), (2, 1, 3)]),
+     _sdpa("no_keys", [(2, 3, 4), (2, 0, 4), (2, 0, 3)]),
+     _sdpa("no_queries", [(2, 0, 4), (2, 5, 4), (2, 5, 3)]),
+     _sdpa("matrices", [(3, 4), (5, 4), (5, 2)]))
+
+
 # --- deployment: quantisation ops (mlsys_lab.deploy.quant and quant.int8_kernels) ----------------
 
 U8, I32 = np.dtype(np.uint8), np.dtype(np.int32)
