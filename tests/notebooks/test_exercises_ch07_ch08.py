@@ -1,9 +1,10 @@
 """Exercises of chapters 7 and 8 test the idea: shortcuts and wrong ideas score 0 on its cases.
 
 Every cheat listed in issue 10 for these chapters, and each wrong idea found in the audit (the
-sentence next to each exercise in ``mlsys_lab/grading/ch07.py`` / ``ch08.py``), is checked here
-in process with ``run_cases``, which makes the same probe -> wire -> judge round trip as the
-grader. The reference answers (copies of the solution notebooks' code) must score full marks.
+"Wrong ideas rejected" of each exercise module in ``mlsys_lab/grading/exercises/ch07_*/`` and
+``ch08_*/``), is checked here in process with ``run_cases``, which makes the same probe -> wire
+-> judge round trip as the grader. The reference answers (copies of the solution notebooks'
+code) must score full marks.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from mlsys_lab.engine import memory
 from mlsys_lab.engine.passes import Rewriter
 from mlsys_lab.engine.passes import backend as passes_backend
 from mlsys_lab.grading.core.check import run_cases
-from mlsys_lab.grading.exercises import ch07_compiler_backend_runtime as ch07
 from mlsys_lab.grading.exercises import ch08_hardware_accelerators as ch08
+from mlsys_lab.grading.exercises.ch07_compiler_backend_runtime import ex7_1_planner as planner
+from mlsys_lab.grading.exercises.ch07_compiler_backend_runtime import ex7_3_scheduler as scheduler
+from mlsys_lab.grading.exercises.ch07_compiler_backend_runtime import ex7_4_fp8 as fp8
 
 
 def _rows(result):
@@ -138,8 +141,8 @@ def test_7_1_a_no_reuse_plan_earns_no_validity_points():
 
 
 def test_7_1_the_chapter_example_cannot_be_hard_coded():
-    recs_a, unit_a = ch07._book_lifetimes(1)
-    recs_b, unit_b = ch07._book_lifetimes(2)
+    recs_a, unit_a = planner._book_lifetimes(1)
+    recs_b, unit_b = planner._book_lifetimes(2)
     assert unit_a != unit_b and {r.id for r in recs_a} != {r.id for r in recs_b}
     result = run_cases("7.1", hard_coded_book, seed=5)
     assert result.score == 0, _feedback(result)
@@ -343,12 +346,12 @@ def test_7_3_a_scheduler_without_the_bottom_level_priority_fails_the_critical_pa
 
 def test_7_3_fifo_is_at_least_1_5x_slower_on_every_critical_path_graph():
     for seed in range(0, 400, 37):
-        for graph, workers, cost, what in ch07._critical_cases(seed):
-            best = ch07._makespan(ch07._list_schedule(graph, workers, cost))
-            assert ch07._makespan(schedule(graph, workers, cost)) == pytest.approx(best)
+        for graph, workers, cost, what in scheduler._critical_cases(seed):
+            best = scheduler._makespan(scheduler._list_schedule(graph, workers, cost))
+            assert scheduler._makespan(schedule(graph, workers, cost)) == pytest.approx(best)
             if "traced last" in what:
                 fifo = NO_PRIORITY["FIFO (the issue's cheat)"](graph, workers, cost)
-                assert ch07._makespan(fifo) >= 1.5 * best, what
+                assert scheduler._makespan(fifo) >= 1.5 * best, what
 
 
 def test_7_3_running_everything_on_one_worker_scores_one_point():
@@ -420,11 +423,11 @@ def test_7_4_numpy_float16_cannot_decode_these_formats(cheat):
 def test_7_4_the_formats_are_unknown_to_numpy_and_vary_by_seed():
     known = {(4, 7), (4, 8), (4, 11), (5, 15), (5, 16), (3, 3)}  # numpy float16 / ml_dtypes float8
     for seed in range(50):
-        formats = ch07._format_biases(seed)
+        formats = fp8._format_biases(seed)
         assert {e for e, _ in formats} == {2, 3, 4, 5, 6}
         assert not set(formats) & {(4, 7), (4, 8), (5, 15), (5, 16), (3, 3)}
-    assert ch07._format_biases(0) != ch07._format_biases(1)
-    assert not set(ch07.NORMAL_FORMATS + ch07.SPECIAL_FORMATS) & known
+    assert fp8._format_biases(0) != fp8._format_biases(1)
+    assert not set(fp8.NORMAL_FORMATS + fp8.SPECIAL_FORMATS) & known
 
 
 @pytest.mark.parametrize("wrong", [normal_formula_everywhere, subnormal_exponent_off_by_one])
