@@ -1,9 +1,10 @@
 """Exercises of chapter 10 test the idea: shortcuts and wrong ideas score 0 on their cases.
 
-Each wrong idea listed next to the exercises in ``mlsys_lab/grading/ch10.py`` is run here in
-process with ``run_cases``, which makes the same probe -> wire -> judge round trip as the
-grader. The reference answers (copies of the solution notebook's code) must score full marks on
-several seeds, and the library's own implementations must be refused.
+Each wrong idea listed in the exercise modules of
+``mlsys_lab/grading/exercises/ch10_model_deployment/`` is run here in process with
+``run_cases``, which makes the same probe -> wire -> judge round trip as the grader. The
+reference answers (copies of the solution notebook's code) must score full marks on several
+seeds, and the library's own implementations must be refused.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ def test_10_1_reference_answer_scores_full_marks(seed):
 
 def test_10_1_the_reference_is_conv_then_batch_norm():
     """Independent oracle: a float64 conv followed by BN equals the folded conv."""
-    from mlsys_lab.grading.exercises import ch10_model_deployment as ch10
-    w, b, gamma, beta, mean, var, eps = ch10._bn_case(0, "conv")
+    from mlsys_lab.grading.exercises.ch10_model_deployment import ex10_1_bn_fold as bn
+    w, b, gamma, beta, mean, var, eps = bn._bn_case(0, "conv")
     x = np.random.default_rng(0).standard_normal((2, 3, 6, 6))
 
     def conv(x, w, b):
@@ -219,9 +220,9 @@ def test_10_2_reference_answer_scores_full_marks(seed):
 
 
 def test_10_2_the_reference_agrees_with_the_library_observer():
-    from mlsys_lab.grading.exercises import ch10_model_deployment as ch10
+    from mlsys_lab.grading.exercises.ch10_model_deployment import ex10_2_quantizer as q
     for axis in (0, 1):
-        batches = ch10._q_batches(7, axis)
+        batches = q._q_batches(7, axis)
         obs = Q.MinMaxObserver(axis)
         ours = ChannelQuantizer(axis)
         for b in batches:
@@ -229,7 +230,7 @@ def test_10_2_the_reference_agrees_with_the_library_observer():
             ours.observe(b)
         qp = obs.qparams(8, symmetric=True)
         np.testing.assert_allclose(ours.scale(), qp.scale, rtol=1e-12)
-        x = ch10._q_grid_input(qp.scale, axis, 7, factor=3.0)
+        x = q._q_grid_input(qp.scale, axis, 7, factor=3.0)
         np.testing.assert_array_equal(ours.quantize(x), qp.quantize(x))
 
 
