@@ -1,6 +1,7 @@
 """Layers, losses and initialisers: ``ml.nn.Linear(784, 256)``, ``ml.nn.Sequential(...)``."""
 
 from . import init
+from .attention import CausalSelfAttention, MultiheadAttention
 from .embedding import Embedding, EmbeddingBag
 from .layers import (
                      AvgPool2d,
@@ -23,4 +24,5 @@ from .module import Module, Parameter, functional_call
 __all__ = ["Module", "Parameter", "functional_call", "init", "Linear", "Conv2d", "BatchNorm2d",
            "LayerNorm", "EmbeddingBag",
            "Embedding", "ReLU", "Tanh", "Sigmoid", "Dropout", "Flatten", "MaxPool2d",
-           "AvgPool2d", "Sequential", "cross_entropy", "mse_loss"]
+           "AvgPool2d", "Sequential", "cross_entropy", "mse_loss", "MultiheadAttention",
+           "CausalSelfAttention"]
