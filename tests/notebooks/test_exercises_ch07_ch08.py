@@ -23,10 +23,12 @@ from mlsys_lab.engine import memory
 from mlsys_lab.engine.passes import Rewriter
 from mlsys_lab.engine.passes import backend as passes_backend
 from mlsys_lab.grading.core.check import run_cases
-from mlsys_lab.grading.exercises import ch08_hardware_accelerators as ch08
 from mlsys_lab.grading.exercises.ch07_compiler_backend_runtime import ex7_1_planner as planner
 from mlsys_lab.grading.exercises.ch07_compiler_backend_runtime import ex7_3_scheduler as scheduler
 from mlsys_lab.grading.exercises.ch07_compiler_backend_runtime import ex7_4_fp8 as fp8
+from mlsys_lab.grading.exercises.ch08_hardware_accelerators import common as ch08_common
+from mlsys_lab.grading.exercises.ch08_hardware_accelerators import ex8_1_tiled_matmul as tiled
+from mlsys_lab.grading.exercises.ch08_hardware_accelerators import ex8_2_shared_memory as smem
 
 
 def _rows(result):
@@ -577,14 +579,14 @@ def test_8_1_a_kernel_that_calls_a_library_product_fails_every_case():
     """Judged on the data a probe would send for `c[:, :] += a @ b` inside @njit (compiling it
     needs BLAS and takes long, so the judge gets the kernel's facts directly)."""
     source = "@njit\ndef matmul_tiled_kernel(a, b, c):\n    c[:, :] += a @ b\n"
-    a, b = ch08._operands(45, 70, 39, np.float32, 0)
+    a, b = ch08_common.operands(45, 70, 39, np.float32, 0)
     facts = {"kind": "numba.core.registry.CPUDispatcher", "source": source, "consts": {},
              "wrapper_calls_kernel": True}
     with pytest.raises(AssertionError, match="hands the product to a library"):
-        ch08._tiled_structure_judge({"facts": facts, "kernel_c": a @ b}, seed=0)
+        tiled._tiled_structure_judge({"facts": facts, "kernel_c": a @ b}, seed=0)
     facts["source"] = source.replace("a @ b", "np.dot(a, b)")
     with pytest.raises(AssertionError, match="dot"):
-        ch08._tiled_float64_judge({"facts": facts, "runs": []}, seed=0)
+        tiled._tiled_float64_judge({"facts": facts, "runs": []}, seed=0)
 
 
 def test_8_1_a_plain_python_kernel_is_not_accepted():
@@ -712,13 +714,13 @@ def test_8_2_the_library_cuda_kernels_are_refused():
 
 
 def test_8_2_spy_counts_global_reads_per_element():
-    m, k, n = ch08.COUNT_SHAPE
+    m, k, n = smem.COUNT_SHAPE
     for kernel, per_a in [(matmul_shared_kernel, math.ceil(n / 8)), (global_reads_kernel, n)]:
-        a, b = ch08._operands(m, k, n, np.float32, 0)
-        with ch08._SimulatorSpy() as spy:
+        a, b = ch08_common.operands(m, k, n, np.float32, 0)
+        with smem._SimulatorSpy() as spy:
             c = _launcher(kernel)(a, b)
         np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
-        assert ch08._reads_of(spy.reads, m, k) == per_a * m * k
+        assert smem._reads_of(spy.reads, m, k) == per_a * m * k
 
 
 # ============================================================================= 8.3 roofline
@@ -816,10 +818,10 @@ def test_8_2_on_a_real_gpu_the_kernel_source_is_checked_instead():
     """Without the simulator the reads cannot be counted; the judge reads the kernel's source:
     global arrays read only into the shared tiles, two barriers."""
     good = textwrap.dedent(inspect.getsource(matmul_shared_kernel.py_func))
-    ch08._shared_static([good], "on the GPU")
+    smem._shared_static([good], "on the GPU")
     for kernel in (global_reads_kernel, one_barrier_kernel):
         with pytest.raises(AssertionError, match="multiply from the shared tiles"):
-            ch08._shared_static([textwrap.dedent(inspect.getsource(kernel.py_func))], "on the GPU")
+            smem._shared_static([textwrap.dedent(inspect.getsource(kernel.py_func))], "on the GPU")
 
 
 @njit(cache=False)
