@@ -1,6 +1,6 @@
 """Exercises of chapter 11 test the idea: the references score full marks, the library's own
-implementations are refused, and each wrong idea listed beside the exercises in
-``mlsys_lab/grading/ch11.py`` scores 0 on the cases that name it.
+implementations are refused, and each wrong idea listed in the exercise modules of
+``mlsys_lab/grading/exercises/ch11_distributed_training/`` scores 0 on the cases that name it.
 
 Everything runs in process with ``run_cases`` (the same probe -> wire -> judge round trip as the
 grader). The reference answers are copies of the solution notebook's code.
@@ -17,7 +17,7 @@ from mlsys_lab.distributed import collectives, param_server, zero
 from mlsys_lab.distributed import pipeline_parallel as pp
 from mlsys_lab.distributed.collectives import all_reduce as collective_allreduce
 from mlsys_lab.grading.core.check import run_cases
-from mlsys_lab.grading.exercises import ch11_distributed_training as ch11
+from mlsys_lab.grading.exercises.ch11_distributed_training import ex11_2_one_f_one_b as ex11_2
 
 from ..exercise_results import case, fails, feedback, full
 
@@ -182,6 +182,36 @@ def test_ring_library_is_refused():
         assert "off limits" in feedback(result)
 
 
+def via_the_stepper(comm, x):
+    """The collective stepper's replay of the ring (every rank's input is its own here)."""
+    from mlsys_lab.viz import collective_view
+
+    yield from ()
+    steps = collective_view.ring_allreduce_steps([x] * comm.size)
+    return steps[-1].result(comm.rank).reshape(x.shape)
+
+
+def via_the_steppers_helper(comm, x):
+    """One step of the stepper's moves, by its private helper."""
+    from mlsys_lab.viz import collective_view
+
+    yield from ()
+    state = collective_view._apply([[collective_view.Chunk(x, frozenset())]], (),
+                                   lambda got, own: own)
+    return state[0][0].value
+
+
+def test_ring_the_collective_stepper_is_refused():
+    # 11.1 forbids the whole module mlsys_lab.viz.collective_view (a forbidden entry names no
+    # private object): ring_allreduce_steps and the private _apply it steps with both refuse
+    for cheat in (via_the_stepper, via_the_steppers_helper):
+        result = run_cases("11.1", cheat, seed=0)
+        gc.collect()
+        assert result.score == 0, feedback(result)
+        assert "off limits" in feedback(result) and "collective_view" in feedback(result), \
+            feedback(result)
+
+
 @pytest.mark.parametrize("wrong", [gather_then_broadcast, all_to_all, chain_reduce_broadcast,
                                    bidirectional_ring])
 def test_ring_right_sums_wrong_algorithm_fail_traffic_and_time(wrong):
@@ -294,9 +324,9 @@ def test_1f1b_packed_on_the_wire_judged_as_given():
 
 
 def test_1f1b_draws_from_a_range_too_wide_to_tabulate():
-    drawn = [pm for seed in range(20) for pm in ch11._pipeline_configs(seed)[7:]]
+    drawn = [pm for seed in range(20) for pm in ex11_2._pipeline_configs(seed)[7:]]
     assert max(p for p, _ in drawn) > 100 and max(m for _, m in drawn) > 200
-    assert all(p * m <= ch11.PIPELINE_MAX_WORK for p, m in drawn)  # each stays quick to judge
+    assert all(p * m <= ex11_2.PIPELINE_MAX_WORK for p, m in drawn)  # each stays quick to judge
 
 
 @pytest.mark.parametrize("wrong", [reversed_warm_up, backward_first])
