@@ -1255,6 +1255,26 @@ def test_h5_swapping_a_functions_code_is_seen(sealed, capsys, monkeypatch):
     assert result.score == 0 and "`mlsys_lab.distributed.sim.run`" in _feedback(result)
 
 
+def test_tampered_sees_every_kind_of_change_the_fast_comparison_must_not_miss(monkeypatch):
+    """``tampered`` first compares each sealed namespace in C (``_Frozen.same``) and walks it
+    name by name only when that differs: each change below must still be reported."""
+    from mlsys_lab.distributed import sim
+    from mlsys_lab.distributed.sim import engine
+
+    state = guard.seal()
+    assert guard.tampered(state) == []
+    with monkeypatch.context() as m:  # new defaults
+        m.setattr(sim.run, "__defaults__", tuple(sim.run.__defaults__ or ()) + (None,))
+        assert "`mlsys_lab.distributed.sim.run`" in guard.tampered(state)
+    with monkeypatch.context() as m:  # a name deleted
+        m.delattr(sim, "run")
+        assert "`mlsys_lab.distributed.sim.run`" in guard.tampered(state)
+    with monkeypatch.context() as m:  # a method added that shadows a base class's
+        m.setattr(engine.Engine, "__repr__", lambda self: "forged", raising=False)
+        assert "`mlsys_lab.distributed.sim.engine.Engine.__repr__`" in guard.tampered(state)
+    assert guard.tampered(state) == []
+
+
 # H10: threads started before a check cannot be watched on Python < 3.12.
 
 def test_h10_a_thread_pool_started_before_the_check_fails_it():

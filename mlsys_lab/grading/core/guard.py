@@ -84,6 +84,8 @@ import glob
 import hashlib
 import importlib
 import inspect
+import itertools
+import operator
 import os
 import sys
 import threading
@@ -847,13 +849,18 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         from IPython.display import publish_display_data
     except ImportError:
         publish_display_data = None
-    modules = {name: (module, _snapshot_members(module)) for name, module in
-               list(sys.modules.items()) if module is not None and _sealed_name(name)}
-    classes = {}
-    for name, (_, members) in modules.items():
+    modules, classes = {}, {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not _sealed_name(name):
+            continue
+        members = _snapshot_members(module)
         for value, *_ in members.values():
             if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                classes[f"{name}.{value.__qualname__}"] = (value, _snapshot_members(value))
+                own = _snapshot_members(value)
+                classes[f"{name}.{value.__qualname__}"] = (value, own,
+                                                           _Frozen(vars(value), own, True))
+        members = _module_members(name, members)
+        modules[name] = (module, members, _Frozen(vars(module), members, False))
     channel = [(label, obj, type(obj), _snapshot_members(obj)) for label, obj in
                _channel_objects()]
     start = getattr(threading.Thread.start, "__code__", None)
@@ -912,13 +919,53 @@ def _changed(old: tuple, new: Any) -> bool:
     return False
 
 
+_CODE = operator.attrgetter("__code__", "__defaults__", "__kwdefaults__")
+
+
+class _Frozen:
+    """A namespace's members as the seal saw them, compared in C (``itemgetter``, ``map`` of
+    ``operator.is_``): ``same(namespace)`` is True when every name still holds the same object,
+    every function the same code and defaults, and (``closed``) no name was added. Only when it
+    is False does ``tampered`` walk the members one by one to name what changed."""
+
+    __slots__ = ("get", "values", "functions", "code", "size")
+
+    def __init__(self, namespace: Any, members: dict[str, tuple], closed: bool):
+        names = tuple(members)
+        self.get = operator.itemgetter(*names) if len(names) > 1 else (
+            lambda d, names=names: tuple(d[n] for n in names))
+        self.values = tuple(old[0] for old in members.values())
+        held = [old for old in members.values() if old[1] is not None]
+        self.functions = tuple(v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
+                               for v, *_ in held)
+        self.code = tuple(part for old in held for part in old[1:])  # code, defaults, kwdefaults
+        self.size = len(namespace) if closed else None
+
+    def same(self, namespace: Any) -> bool:
+        if self.size is not None and len(namespace) != self.size:
+            return False
+        try:
+            now = self.get(namespace) if self.values else ()
+        except KeyError:  # a name was deleted
+            return False
+        code = itertools.chain.from_iterable(map(_CODE, self.functions))
+        return all(map(operator.is_, now, self.values)) and all(map(operator.is_, code, self.code))
+
+
+def _module_members(name: str, members: dict[str, tuple]) -> dict[str, tuple]:
+    """What ``tampered`` compares of a sealed module: not the names a kernel rebinds itself."""
+    skip = _KERNEL_NAMES.get(name, ())
+    return {attr: old for attr, old in members.items()
+            if attr not in skip and not (name == "sys" and attr.endswith("hook"))}
+
+
 def tampered(state: dict) -> list[str]:
     """What the notebook changed of what the seal recorded: a replaced module, function, method
     or class, a function's code or defaults swapped, an object on the result's way out patched.
     An empty list when nothing changed."""
     found = []
     missing = object()
-    for name, (module, members) in state["modules"].items():
+    for name, (module, members, frozen) in state["modules"].items():
         if sys.modules.get(name, module) is not module:
             found.append(f"`sys.modules[{name!r}]`")
             continue
@@ -926,13 +973,15 @@ def tampered(state: dict) -> list[str]:
             now = vars(module)
         except TypeError:
             continue
+        if frozen.same(now):
+            continue
         for attr, old in members.items():
-            if attr in _KERNEL_NAMES.get(name, ()) or (name == "sys" and attr.endswith("hook")):
-                continue
             if _changed(old, now.get(attr, missing)):
                 found.append(f"`{name}.{attr}`")
-    for name, (cls, members) in state["classes"].items():
+    for name, (cls, members, frozen) in state["classes"].items():
         now = vars(cls)
+        if frozen.same(now):
+            continue
         for attr, old in members.items():
             if _changed(old, now.get(attr, missing)):
                 found.append(f"`{name}.{attr}`")
