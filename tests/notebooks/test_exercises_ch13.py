@@ -1,6 +1,6 @@
 """Exercises of chapter 13 test the idea: the references score full marks, the library's own
-implementations are refused, and each wrong idea listed beside the exercises in
-``mlsys_lab/grading/ch13.py`` scores 0 on the cases that name it.
+implementations are refused, and each wrong idea listed in the exercise modules of
+``mlsys_lab/grading/exercises/ch13_recommender_systems/`` scores 0 on the cases that name it.
 
 Everything runs in process with ``run_cases`` (the same probe -> wire -> judge round trip as the
 grader). The reference answers are copies of the solution notebook's code.
