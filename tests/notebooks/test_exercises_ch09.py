@@ -1,7 +1,7 @@
 """Exercises of chapter 9 test the idea: shortcuts and wrong ideas score 0 on their cases.
 
-Each wrong idea listed next to the exercises in ``mlsys_lab/grading/ch09.py`` is run here in
-process with ``run_cases``, which makes the same probe -> wire -> judge round trip as the
+Each wrong idea listed in the exercise modules of ``mlsys_lab/grading/exercises/ch09_*/`` is run
+here in process with ``run_cases``, which makes the same probe -> wire -> judge round trip as the
 grader. The reference answers (copies of the solution notebook's code) must score full marks on
 several seeds, and the library's own implementations must be refused.
 """
@@ -22,8 +22,10 @@ from mlsys_lab.data.pipeline.autotune import predicted_throughput
 from mlsys_lab.data.records import read_shard
 from mlsys_lab.grading.core import guard
 from mlsys_lab.grading.core.check import run_cases
-from mlsys_lab.grading.core.exercise import exercises_for_chapter
-from mlsys_lab.grading.exercises import ch09_data_processing as ch09
+from mlsys_lab.grading.core.exercise import exercises_for_chapter, plain
+from mlsys_lab.grading.exercises.ch09_data_processing import ex9_1_parallel_map as pm
+from mlsys_lab.grading.exercises.ch09_data_processing import ex9_2_shard_sampler as ss
+from mlsys_lab.grading.exercises.ch09_data_processing import ex9_3_bottleneck as bn
 
 from ..exercise_results import fails_only as _failed
 from ..exercise_results import feedback as _feedback
@@ -194,9 +196,9 @@ def test_9_1_reference_answer_scores_full_marks(seed):
 
 
 def test_9_1_the_cases_cover_what_they_claim():
-    m, values, slow, _ = ch09._order_inputs(3)
+    m, values, slow, _ = pm._order_inputs(3)
     assert len(values) % m and 0 <= slow < m        # a partial last round
-    m, n, slow = ch09._ownership_inputs(3)
+    m, n, slow = pm._ownership_inputs(3)
     assert n >= 6 * m
 
 
@@ -234,23 +236,23 @@ def _events(calls):
 
 def test_9_1_the_concurrency_case_needs_no_wall_time():
     # the verdict comes from the order of the recorded events, so a slow machine cannot fail it
-    m, n, _ = ch09._concurrency_inputs(0)
+    m, n, _ = pm._concurrency_inputs(0)
     waves = [[(i + k, k) for k in range(m)] for i in range(0, n, m)]
     raw = {"out": [x + 1 for x in range(n)], "events": _events(waves)}
-    ch09._pm_concurrency_judge(raw, 0)
+    pm._pm_concurrency_judge(raw, 0)
     first_wave = _events(waves[:1]) + _events([[(i, 0)] for i in range(m, n)])
     with pytest.raises(AssertionError, match="only for the first items"):
-        ch09._pm_concurrency_judge({**raw, "events": first_wave}, 0)
+        pm._pm_concurrency_judge({**raw, "events": first_wave}, 0)
 
 
 def test_9_1_a_call_recorded_twice_or_not_at_all_fails():
-    m, n, _ = ch09._concurrency_inputs(0)
+    m, n, _ = pm._concurrency_inputs(0)
     waves = [[(i + k, k) for k in range(m)] for i in range(0, n, m)]
     raw = {"out": [x + 1 for x in range(n)], "events": _events(waves)}
     with pytest.raises(AssertionError, match="item 0 started twice"):
-        ch09._pm_concurrency_judge({**raw, "events": _events(waves[:1]) + raw["events"]}, 0)
+        pm._pm_concurrency_judge({**raw, "events": _events(waves[:1]) + raw["events"]}, 0)
     with pytest.raises(AssertionError, match="not called"):
-        ch09._pm_concurrency_judge({**raw, "events": _events(waves[1:])}, 0)
+        pm._pm_concurrency_judge({**raw, "events": _events(waves[1:])}, 0)
 
 
 def _free(fn):
@@ -540,7 +542,7 @@ def test_9_2_reference_answer_scores_full_marks(seed):
 
 
 def test_9_2_the_reference_matches_the_library_sampler():
-    for n, replicas, seed, epoch in ch09._shard_configs(5):
+    for n, replicas, seed, epoch in ss._shard_configs(5):
         for drop_last in (False, True):
             for rank in range(replicas):
                 lib = DistributedSampler(range(n), replicas, rank, seed=seed, drop_last=drop_last)
@@ -551,7 +553,7 @@ def test_9_2_the_reference_matches_the_library_sampler():
 
 
 def test_9_2_the_configurations_need_padding_and_include_n_below_replicas():
-    configs = ch09._shard_configs(0)
+    configs = ss._shard_configs(0)
     assert configs[0][0] < configs[0][1]
     assert all(n % r for n, r, _, _ in configs[2:])
 
@@ -687,18 +689,18 @@ def test_9_3_reference_answer_scores_full_marks(seed):
 
 
 def test_9_3_the_reference_agrees_with_the_simulator_formula():
-    for costs, degrees, kwargs in ch09._bn_random(3, 20, with_rates=True):
+    for costs, degrees, kwargs in bn._bn_random(3, 20, with_rates=True):
         stages = [pipeline_sim.SimStage(n, c, degrees[n]) for n, c in costs.items()]
         rate = pipeline_sim.analytic_throughput(stages, kwargs["read_rate"],
                                                 kwargs["consume_rate"])
         assert np.isclose(find_bottleneck(costs, degrees, **kwargs)[1], rate, rtol=1e-12)
-    for costs, degrees, kwargs in ch09._bn_random(3, 20, with_cores=True):
+    for costs, degrees, kwargs in bn._bn_random(3, 20, with_cores=True):
         rate = predicted_throughput(costs, degrees, kwargs["cores"])
         assert np.isclose(find_bottleneck(costs, degrees, **kwargs)[1], rate, rtol=1e-12)
 
 
 def test_9_3_random_pipelines_are_not_solved_by_the_largest_cost():
-    cases = ch09._bn_random(0, 30)
+    cases = bn._bn_random(0, 30)
     fooled = sum(largest_cost(*c[:2])[0] != find_bottleneck(*c[:2])[0] for c in cases)
     assert fooled >= 10
 
@@ -764,17 +766,17 @@ _ONE_MISTAKE = {
     "last on ties": last_of_ties,
     "seconds per item": seconds_per_item,
 }
-_HINTS = {mistake: hint for mistake, (_, hint) in ch09._BN_MISTAKES.items()}
-_HINTS["seconds per item"] = ch09._BN_SECONDS_HINT
+_HINTS = {mistake: hint for mistake, (_, hint) in bn._BN_MISTAKES.items()}
+_HINTS["seconds per item"] = bn._BN_SECONDS_HINT
 _JUDGES = [  # (case, judge(raw, seed), the case's inputs for a seed)
-    ("worked examples", lambda raw, seed: ch09._bn_examples_judge(raw),
-     lambda seed: ch09._bn_examples()),
-    ("30 random", ch09._bn_stages_judge, lambda seed: ch09._bn_random(seed, 30)),
-    ("with F and G", ch09._bn_rates_judge,
-     lambda seed: ch09._bn_random(seed, 30, with_rates=True)),
-    ("with shared cores", ch09._bn_cores_judge,
-     lambda seed: ch09._bn_random(seed, 30, with_cores=True)),
-    ("ties", lambda raw, seed: ch09._bn_ties_judge(raw), lambda seed: ch09._bn_ties()),
+    ("worked examples", lambda raw, seed: bn._bn_examples_judge(raw),
+     lambda seed: bn._bn_examples()),
+    ("30 random", bn._bn_stages_judge, lambda seed: bn._bn_random(seed, 30)),
+    ("with F and G", bn._bn_rates_judge,
+     lambda seed: bn._bn_random(seed, 30, with_rates=True)),
+    ("with shared cores", bn._bn_cores_judge,
+     lambda seed: bn._bn_random(seed, 30, with_cores=True)),
+    ("ties", lambda raw, seed: bn._bn_ties_judge(raw), lambda seed: bn._bn_ties()),
 ]
 
 
@@ -784,7 +786,7 @@ def _hints_shown(wrong, seeds):
     shown: dict[tuple[str, tuple[str, ...]], int] = {}
     for seed in seeds:
         for case, judge, inputs in _JUDGES:
-            raw = [ch09.plain(wrong(dict(c), dict(d), **kw)) for c, d, kw in inputs(seed)]
+            raw = [plain(wrong(dict(c), dict(d), **kw)) for c, d, kw in inputs(seed)]
             try:
                 judge(raw, seed)
             except AssertionError as error:
