@@ -20,7 +20,7 @@ from .graph import check_input
 from .interpreter import error_cause, node_error
 from .pytree import flatten, unflatten
 from .registry import REGISTRY, get
-from .runtime import Event, Timeline, as_input
+from .runtime import Timeline, as_input, node_span
 from .selection import device as find_device
 from .selection import explain_selection, makes_view, select
 from .trace import static_key, static_positions, trace
@@ -259,21 +259,22 @@ class Executable:
         self._lines_of = {self._run.__code__: self._line_node,
                           self._run_timed.__code__: timed_lines}
         self._times = [0.0] * (2 * len(self._steps))
-        # What each node's Event is labelled with, worked out once (the Events themselves are
+        # What each node's span is labelled with, worked out once (the spans themselves are
         # built when ``timeline`` is read, so a profiled call only reads the clock).
         self._event_labels = [(n, n.meta.get("device", "cpu")) for n, *_ in self._steps]
 
     @property
     def timeline(self):
         """The :class:`~mlsys_lab.engine.runtime.Timeline` of the last profiled call (one
-        Event per node, on the node's device, worker ``stream0``); empty before one."""
+        :class:`~mlsys_lab.span.Span` per node, on the node's device, worker ``stream0``);
+        empty before one."""
         if self._timeline is None:
             self._timeline = Timeline(self._events())
         return self._timeline
 
     def _events(self):
         ts = self._times
-        return [Event.of(n, device, "stream0", ts[2 * k], ts[2 * k + 1])
+        return [node_span(n, device, "stream0", ts[2 * k], ts[2 * k + 1])
                 for k, (n, device) in enumerate(self._event_labels)]
 
     @timeline.setter

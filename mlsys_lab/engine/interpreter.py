@@ -7,7 +7,8 @@ user's source line (:func:`node_error`). Everything that runs a graph node by no
 
 * ``Graph.__call__`` — :class:`TensorInterpreter`: ``run_node`` is the eager ``apply``, so a call
   records on the tape, or emits nodes when it happens inside a trace;
-* ``runtime.run_serial`` / ``run_parallel`` / ``run_heterogeneous`` — numpy kernels, a timeline,
+* ``runtime.run_serial`` / ``run_parallel`` / ``run_heterogeneous`` — numpy kernels, a timeline
+  of :class:`~mlsys_lab.span.Span` records,
   a thread pool or simulated device streams driving :meth:`Interpreter.step`;
 * ``runtime.run_graph`` — a device's registered kernels where they accept the node.
 

@@ -5,7 +5,9 @@
   so independent nodes (e.g. two matmuls) overlap; numpy kernels release the GIL.
 * :func:`run_heterogeneous` — an annotated graph across devices, split / merged / sunk.
 
-Each returns ``(outputs, timeline)``; a timeline is a list of :class:`Event` records. All three
+Each returns ``(outputs, timeline)``; a :class:`Timeline` is a list of
+:class:`~mlsys_lab.span.Span` records (:func:`node_span`: lane ``"device/worker"``, the node
+``out=op``, kind the op; details ``device``, ``worker``, ``node_id``). All three
 drive the one :class:`~mlsys_lab.engine.interpreter.Interpreter` (its input check, its
 ``run_node``, its freeing after the last use and its error naming the node).
 """
@@ -19,30 +21,33 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ArgumentError, GraphError
+from ..span import Span
 from .interpreter import Interpreter, as_input  # noqa: F401 - as_input: public here
 from .pytree import flatten
 from .selection import call_kernel, kernel_for
 
 
-@dataclass(frozen=True)
-class Event:
-    """One executed node: which node, where, and when (seconds, ``time.perf_counter``)."""
+def Event(node, device, worker, start, end, node_id=-1):  # noqa: N802 - the ch. 7 exercise's name
+    """The :class:`~mlsys_lab.span.Span` of one executed node: ``node`` (its label ``"out=op"``)
+    ran on ``device`` and ``worker`` from ``start`` to ``end`` (seconds).
 
-    node: str
-    device: str
-    worker: str
-    start: float
-    end: float
-    node_id: int = -1
+    The span's lane is ``"device/worker"``, its kind the op (the label after ``=``), and its
+    details ``device``, ``worker`` and ``node_id`` (the graph node's id; -1 for a host launch),
+    readable as attributes (``span.device``).
+    """
+    return Span(f"{device}/{worker}", node, start, end, node.split("=")[-1].strip(),
+                {"device": device, "worker": worker, "node_id": node_id})
 
-    @classmethod
-    def of(cls, node, device, worker, start, end):
-        """The Event of running graph node ``node``, labelled ``out=op``."""
-        return cls(f"{node.outputs[0].name}={node.op}", device, worker, start, end, node.id)
+
+def node_span(node, device, worker, start, end):
+    """The :class:`~mlsys_lab.span.Span` of running graph node ``node``, labelled ``out=op``."""
+    return Span(f"{device}/{worker}", f"{node.outputs[0].name}={node.op}", start, end, node.op,
+                {"device": device, "worker": worker, "node_id": node.id})
 
 
 class Timeline(list):
-    """A list of Events with summary helpers."""
+    """The :class:`~mlsys_lab.span.Span` records of a run (one per executed node), with its
+    makespan and a dependency check."""
 
     @property
     def makespan(self):
@@ -63,7 +68,7 @@ class Timeline(list):
 
 class TimedInterpreter(Interpreter):
     """An :class:`~mlsys_lab.engine.interpreter.Interpreter` that records a :class:`Timeline`:
-    one Event per node, on ``device`` (a name, or None for each node's ``meta['device']``) and
+    one span per node, on ``device`` (a name, or None for each node's ``meta['device']``) and
     ``worker``, in the ``order`` of :func:`topological_order`."""
 
     def __init__(self, graph, order="graph", device="cpu", worker="worker0", free=True):
@@ -78,7 +83,7 @@ class TimedInterpreter(Interpreter):
         t0 = time.perf_counter()
         result = super().step(node)
         device = self.device or node.meta.get("device", "cpu")
-        self.timeline.append(Event.of(node, device, self.worker, t0, time.perf_counter()))
+        self.timeline.append(node_span(node, device, self.worker, t0, time.perf_counter()))
         return result
 
 
@@ -197,7 +202,7 @@ def run_parallel(graph, *args, workers=2, device="cpu"):
             interp.store(n, out)
             name = threading.current_thread().name
             w = names.setdefault(name, f"worker{len(names)}")
-            tl.append(Event.of(n, device, w, t0, t1))
+            tl.append(node_span(n, device, w, t0, t1))
         return n
 
     with cf.ThreadPoolExecutor(max_workers=workers) as pool:
@@ -271,13 +276,14 @@ def run_heterogeneous(graph, *args, mode="split"):
         t0 = time.perf_counter()
         interp.step(n)
         end[n.id] = start + time.perf_counter() - t0
-        tl.append(Event.of(n, n.meta.get("device", "cpu"), "stream", start, end[n.id]))
+        tl.append(node_span(n, n.meta.get("device", "cpu"), "stream", start, end[n.id]))
         return end[n.id]
 
     def launch(dev, what):
         nonlocal host
         cost = DEVICES[dev].launch_overhead_s if dev in DEVICES else 0.0
-        tl.append(Event(f"launch {what}", "host", "cpu", host, host + cost, -1))
+        tl.append(Span("host/cpu", f"launch {what}", host, host + cost, "launch",
+                       {"device": "host", "worker": "cpu", "node_id": -1}))
         host += cost
         return host
 

@@ -1,9 +1,10 @@
 """The pipeline-schedule view: GPipe and 1F1B as Gantt charts, one row per stage.
 
 :func:`plot_pipeline` draws any
-:class:`~mlsys_lab.distributed.parallel.pipeline_parallel.Timeline` (from
-``simulate_schedule`` or measured by ``run_pipeline`` on the simulator): forward bars light,
-backward bars dark, one colour per micro-batch, idle time left blank. :func:`static` puts the
+:class:`~mlsys_lab.distributed.parallel.pipeline_parallel.Timeline` (its spans, from
+``simulate_schedule`` or measured by ``run_pipeline`` on the simulator) through the one timeline
+path, :func:`~mlsys_lab.viz.timeline.plot_spans`: forward bars light, backward bars dark, one
+colour per micro-batch, idle time left blank. :func:`static` puts the
 schedules side by side for given ``p`` and ``m`` with their bubble fraction next to the standard
 result ``(p - 1) / (m + p - 1)`` and the micro-batches each stage keeps in flight;
 :func:`pipeline_widget` is the interactive timeline of both, with ``p`` and ``m`` sliders, in a
@@ -18,7 +19,8 @@ from matplotlib.colors import to_rgb
 from ..distributed.parallel import pipeline_parallel as pp
 from ..errors import ArgumentError
 from .collective_view import png_bytes, want_live
-from .timeline_view import _hex, timeline_model, timeline_view
+from .timeline import plot_spans, spans_model
+from .timeline_view import timeline_view
 
 __all__ = ["pipeline_widget", "plot_pipeline", "schedule_timeline", "static"]
 
@@ -39,34 +41,33 @@ def _shade(colour, forward):
     return (r + (1 - r) * 0.55, g + (1 - g) * 0.55, b + (1 - b) * 0.55) if forward else (r, g, b)
 
 
+def _style(span):
+    """One colour per micro-batch, forward light and backward dark."""
+    forward = span.kind == pp.FORWARD
+    return (f"{'forward' if forward else 'backward'} of micro-batch {span.micro_batch}",
+            _shade(plt.get_cmap("tab20")(span.micro_batch % 20), forward))
+
+
+def _lanes(p):
+    return [f"stage {s}" for s in range(p)]
+
+
 def plot_pipeline(timeline, ax=None, title=None, label_limit=24):
-    """Draw a pipeline :class:`Timeline` as a Gantt chart; returns the Figure.
+    """Draw a pipeline :class:`Timeline` (its spans, lane ``stage s``) as a Gantt chart with
+    :func:`~mlsys_lab.viz.timeline.plot_spans`: one colour per micro-batch, forward bars light,
+    backward bars dark; returns the Figure.
 
     Args:
-        timeline: ``spans[(stage, (kind, micro_batch))] = (start, end)``.
-        label_limit: write ``F3`` / ``B3`` into the bars when there are at most this many
-            micro-batches.
+        timeline: a ``Timeline`` from ``simulate_schedule`` or ``run_pipeline``.
+        label_limit: write ``F3`` / ``B3`` into the bars (where they fit) when there are at
+            most this many micro-batches.
     """
-    p = timeline.p
-    fresh = ax is None
-    fig, ax = (ax.figure, ax) if not fresh else plt.subplots(figsize=(9, 0.5 + 0.45 * p))
-    colours = plt.get_cmap("tab20")
-    micro = sorted({j for _, (_, j) in timeline.spans})
-    for (stage, (kind, j)), (start, end) in sorted(timeline.spans.items()):
-        colour = _shade(colours(micro.index(j) % 20), kind == pp.FORWARD)
-        ax.barh(stage, end - start, left=start, height=0.8, color=colour, edgecolor="black",
-                linewidth=0.4)
-        if len(micro) <= label_limit:
-            ax.text((start + end) / 2, stage, f"{kind}{j}", ha="center", va="center",
-                    fontsize=6 if len(micro) > 8 else 7)
-    ax.set_yticks(range(p), [f"stage {s}" for s in range(p)], fontsize=8)
-    ax.set_ylim(p - 0.4, -0.6)
-    ax.set_xlim(0, timeline.makespan or 1.0)
-    if fresh:
-        ax.set_xlabel("time")
-    ax.set_title(title or f"makespan {timeline.makespan:g}, bubble "
-                          f"{timeline.bubble_fraction():.3f}", fontsize=9)
-    return fig
+    micro = {span.micro_batch for span in timeline}
+    return plot_spans(timeline, ax, lanes=_lanes(timeline.p), style=_style,
+                      labels=len(micro) <= label_limit, legend=False, unit="", origin=0.0,
+                      window=(0.0, timeline.makespan or 1.0), x_label="time" if ax is None else "",
+                      title=title or f"makespan {timeline.makespan:g}, bubble "
+                                     f"{timeline.bubble_fraction():.3f}")
 
 
 def _summary(name, schedule, timeline, p, m):
@@ -78,19 +79,23 @@ def _summary(name, schedule, timeline, p, m):
 
 def static(p=4, m=8, schedules=("gpipe", "1f1b"), t_forward=1.0, t_backward=2.0,
            recompute=False):
-    """The schedules for ``p`` stages and ``m`` micro-batches, one chart each; returns the
-    Figure. Forward takes ``t_forward``, backward ``t_backward`` (+ ``t_forward`` with
-    ``recompute``)."""
-    fig, axes = plt.subplots(len(schedules), 1, figsize=(9.5, 0.9 + 0.5 * p * len(schedules)),
-                             squeeze=False, sharex=True)
-    for ax, name in zip(axes[:, 0], schedules):
+    """The schedules for ``p`` stages and ``m`` micro-batches, one chart each (headed by its
+    makespan, bubble and micro-batches in flight) on one time axis; returns the Figure. Forward
+    takes ``t_forward``, backward ``t_backward`` (+ ``t_forward`` with ``recompute``)."""
+    runs = _runs(p, m, schedules, t_forward, t_backward, recompute)
+    backward = t_backward + (t_forward if recompute else 0.0)
+    return plot_spans(runs, lanes=_lanes(p), style=_style, labels=m <= 16, legend=False,
+                      unit="", x_label=f"time (forward = {t_forward:g}, backward = "
+                                       f"{backward:g})")
+
+
+def _runs(p, m, schedules, t_forward, t_backward, recompute):
+    """``{summary: Timeline}`` of each named schedule."""
+    runs = {}
+    for name in schedules:
         ops, timeline = schedule_timeline(name, p, m, t_forward, t_backward, recompute)
-        plot_pipeline(timeline, ax, title=_summary(name, ops, timeline, p, m),
-                      label_limit=16)
-    axes[-1, 0].set_xlabel("time (forward = %g, backward = %g)" % (
-        t_forward, t_backward + (t_forward if recompute else 0.0)))
-    fig.tight_layout()
-    return fig
+        runs[_summary(name, ops, timeline, p, m)] = timeline
+    return runs
 
 
 def pipeline_widget(p=4, m=8, t_forward=1.0, t_backward=2.0, live=None):
@@ -120,36 +125,17 @@ def pipeline_widget(p=4, m=8, t_forward=1.0, t_backward=2.0, live=None):
 
 def pipeline_model(p=4, m=8, schedules=("gpipe", "1f1b"), t_forward=1.0, t_backward=2.0,
                    recompute=False) -> dict:
-    """The data of the pipeline schedules for ``p`` stages and ``m`` micro-batches: one group of
-    ``p`` lanes per schedule (headed by its makespan and bubble), one bar per forward ``F j``
-    and backward ``B j``, the times of ``simulate_schedule``; controls ``p``, ``m`` and
-    ``recompute``."""
-    import matplotlib.pyplot as plt
+    """The data of the pipeline schedules for ``p`` stages and ``m`` micro-batches
+    (:func:`~mlsys_lab.viz.timeline.spans_model`): one group of ``p`` lanes per schedule (headed
+    by its makespan and bubble), one bar per forward ``F j`` and backward ``B j`` at the times of
+    ``simulate_schedule``; controls ``p``, ``m`` and ``recompute``."""
+    runs = _runs(p, m, schedules, t_forward, t_backward, recompute)
 
-    from ..distributed.parallel import pipeline_parallel as pp
+    def info(span):
+        what = "forward" if span.kind == pp.FORWARD else "backward"
+        return (f"{span.name}: stage {span.stage}, {what} of micro-batch {span.micro_batch}, "
+                f"{span.start:g}-{span.end:g}")
 
-    colours = plt.get_cmap("tab20")
-    styles, style_of, lanes, groups, bars = [], {}, [], [], []
-    makespan = 0.0
-    for name in schedules:
-        ops, timeline = schedule_timeline(name, p, m, t_forward, t_backward, recompute)
-        groups.append({"title": _summary(name, ops, timeline, p, m), "first": len(lanes),
-                       "count": p})
-        micro = sorted({j for _, (_, j) in timeline.spans})
-        for (stage, (kind, j)), (start, end) in sorted(timeline.spans.items()):
-            forward = kind == pp.FORWARD
-            sk = (micro.index(j) % 20, forward)
-            if sk not in style_of:
-                style_of[sk] = len(styles)
-                styles.append({"name": f"{'forward' if forward else 'backward'} of micro-batch "
-                               f"{j}", "color": _hex(_shade(colours(sk[0]), forward))})
-            what = "forward" if forward else "backward"
-            info = (f"{kind}{j}: {_NAMES.get(name, name)} stage {stage}, {what} of micro-batch "
-                    f"{j}, {start:g}-{end:g}")
-            bars.append([len(lanes) + stage, 0, start, end, style_of[sk], f"{kind}{j}", info,
-                         f"{name}:s{stage}:{kind}{j}"])
-        makespan = max(makespan, timeline.makespan)
-        lanes += [f"stage {s}" for s in range(p)]
     controls = [{"name": "p", "label": "p (stages)", "type": "int", "min": 1, "max": 8,
                  "value": p},
                 {"name": "m", "label": "m (micro)", "type": "int", "min": 1, "max": 16,
@@ -159,7 +145,6 @@ def pipeline_model(p=4, m=8, schedules=("gpipe", "1f1b"), t_forward=1.0, t_backw
     caption = (f"standard bubble (p-1)/(m+p-1) = {pp.bubble_fraction_standard(p, m):.3f}; "
                f"in flight: GPipe {m} per stage, 1F1B min(p - s, m)")
     backward = t_backward + (t_forward if recompute else 0.0)
-    return timeline_model(f"pipeline schedules, p = {p}, m = {m}", lanes, bars, styles,
-                          groups=groups, controls=controls, caption=caption, unit="", scale=1.0,
-                          t0=0.0, t1=makespan,
-                          x_label=f"time (forward = {t_forward:g}, backward = {backward:g})")
+    return spans_model(runs, f"pipeline schedules, p = {p}, m = {m}", lanes=_lanes(p),
+                       style=_style, info=info, unit="", controls=controls, caption=caption,
+                       x_label=f"time (forward = {t_forward:g}, backward = {backward:g})")

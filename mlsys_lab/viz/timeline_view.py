@@ -1,20 +1,21 @@
 """The interactive timeline: bars per device/stream over time, on the explorer's machinery.
 
 :func:`timeline_model` is the plain data the front end draws (``static/timeline.js``, shipped in
-this package, nothing from a CDN): ``lanes`` (one row per device, worker, stage or rank),
-optional ``subs`` (thin sub-lanes of every row, e.g. compute/send/recv) and ``bars``, each
-``[lane, sub, start, end, style, label, info, key]`` with the times of the record it was built
-from. Three builders fill it: :func:`schedule_model` (an engine ``Timeline`` of executed nodes),
-:func:`pipeline_model` (GPipe/1F1B schedules for ``p`` and ``m``) and :func:`trace_model` (a
-simulator trace). :class:`TimelineView` is the anywidget: hover a bar for its op or message,
-click a bar to select it, click the background to move the time cursor (the bars running then
-are outlined), wheel to zoom, drag to pan. ``selected``, ``cursor`` and ``params`` (the values of
-the model's controls, e.g. ``p`` and ``m``) are synced traitlets; a view built with a
-``rebuild`` function redraws when ``params`` changes. Its display bundle holds the static PNG
-(what GitHub, an untrusted notebook and nbconvert show) and the data under :data:`MIMETYPE`
-(what ``mlsys-lab export`` turns back into a live view without a kernel). The data is sent and
-saved packed (:func:`pack_model`: the bars column-wise, a few lines however many bars), so a
-32-rank trace does not make the notebook file megabytes long.
+this package, nothing from a CDN): ``lanes`` (one row per device, worker, stage or rank), optional
+``subs`` (thin sub-lanes of every row, e.g. compute/send/recv) and ``bars``, each ``[lane, sub,
+start, end, style, label, info, key]`` with the times of the record it was built from. One builder
+fills it from any list of :class:`~mlsys_lab.span.Span` records,
+:func:`~mlsys_lab.viz.timeline.spans_model`; the parts' views call it (:func:`schedule_model`: an
+engine ``Timeline``; :func:`pipeline_model`: GPipe/1F1B for ``p`` and ``m``; :func:`trace_model`: a
+simulator trace). :class:`TimelineView` is the anywidget: hover a bar for its op or message, click a
+bar to select it, click the background to move the time cursor (the bars running then are outlined),
+wheel to zoom, drag to pan. ``selected``, ``cursor`` and ``params`` (the values of the model's
+controls, e.g. ``p`` and ``m``) are synced traitlets; a view built with a ``rebuild`` function
+redraws when ``params`` changes. Its display bundle holds the static PNG (what GitHub, an untrusted
+notebook and nbconvert show) and the data under :data:`MIMETYPE` (what ``mlsys-lab export`` turns
+back into a live view without a kernel). The data is sent and saved packed (:func:`pack_model`: the
+bars column-wise, a few lines however many bars), so a 32-rank trace does not make the notebook file
+megabytes long.
 """
 
 from __future__ import annotations

@@ -291,6 +291,47 @@ def test_profile_reports_every_stage_and_a_timeline():
     assert items(40).profile(7).outputs == 7
 
 
+def test_a_profile_emits_one_span_per_item_per_stage_adding_up_to_the_report():
+    """Report.timeline is ml.Span records (lane "stage worker", kind the stage, details stage,
+    worker, item) whose durations add up to each stage's busy seconds."""
+    import mlsys_lab as ml
+
+    pipe = (items(24).map(lambda x: x * 2, name="double")
+            .map(lambda x: time.sleep(0.001) or x, num_parallel=2, name="nap"))
+    report = pipe.profile()
+    assert all(isinstance(e, ml.Span) and e.start <= e.end for e in report.timeline)
+    for e in report.timeline:
+        assert (e.lane, e.kind, e.name) == (f"{e.stage} {e.worker}", e.stage, f"item {e.item}")
+    for stage in report.stages:
+        mine = [e for e in report.timeline if e.stage == stage.name]
+        assert len(mine) == stage.items
+        assert sum(e.end - e.start for e in mine) == pytest.approx(stage.busy_seconds, rel=1e-9)
+        assert len({e.lane for e in mine}) <= stage.degree
+    assert {e.lane for e in report.timeline if e.stage == "nap"} == {"nap 0", "nap 1"}
+
+
+def test_the_simulator_emits_spans_that_add_up_to_its_utilisation():
+    """SimResult.timeline: one span per item per stage (the same record as a profile), each
+    worker one item at a time; the busy seconds per stage are its utilisation x degree x
+    makespan (no shared CPUs, so a worker runs at full speed)."""
+    import mlsys_lab as ml
+
+    result = sim.simulate(sim.book_stages(), 60, timeline=True)
+    spans = result.timeline
+    assert all(isinstance(e, ml.Span) and e.start <= e.end <= result.makespan for e in spans)
+    assert {e.lane for e in spans} == {f"{name} {w}" for name, d in sim.BOOK_DEGREES.items()
+                                       for w in range(d)}
+    for stage in result.stages:
+        mine = [e for e in spans if e.kind == stage.name]
+        assert sorted(e.item for e in mine) == list(range(60))
+        busy = sum(e.end - e.start for e in mine)
+        assert busy == pytest.approx(stage.utilisation * stage.degree * result.makespan)
+        for lane in {e.lane for e in mine}:
+            own = sorted((e.start, e.end) for e in mine if e.lane == lane)
+            assert all(a[1] <= b[0] + 1e-12 for a, b in zip(own, own[1:]))
+    assert sim.simulate(sim.book_stages(), 60).timeline == ()
+
+
 # -- passes ---------------------------------------------------------------------------------------
 
 def test_fusion_composes_maps_with_equal_parallelism_only():

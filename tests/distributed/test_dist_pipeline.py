@@ -40,7 +40,7 @@ def brute_overlaps(timeline, p):
     """Any two operations of one stage that overlap in time (all pairs)."""
     bad = []
     for s in range(p):
-        spans = [(a, b) for (st_, _), (a, b) in timeline.spans.items() if st_ == s]
+        spans = [(x.start, x.end) for x in timeline if x.stage == s]
         for (a0, b0), (a1, b1) in itertools.combinations(spans, 2):
             if a0 < b1 - 1e-12 and a1 < b0 - 1e-12:
                 bad.append(s)
@@ -49,13 +49,13 @@ def brute_overlaps(timeline, p):
 
 def brute_peak_live(timeline, p, m):
     """Peak number of micro-batches held per stage, by scanning every event time."""
-    peaks = []
+    peaks, ops = [], timeline.by_op()
     for s in range(p):
-        times = sorted({t for (st_, _), span in timeline.spans.items() if st_ == s for t in span})
+        times = sorted({t for x in timeline if x.stage == s for t in (x.start, x.end)})
         peak = 0
         for t in times:
             live = sum(1 for j in range(m)
-                       if timeline.spans[(s, ("F", j))][1] <= t < timeline.spans[(s, ("B", j))][1])
+                       if ops[(s, ("F", j))].end <= t < ops[(s, ("B", j))].end)
             peak = max(peak, live)
         peaks.append(peak)
     return peaks
@@ -70,10 +70,11 @@ def test_generated_schedules_are_valid(pm, name):
     assert pp.schedule_problems(sched, p, m, tl) == []
     assert brute_valid_order(sched, p, m)
     assert brute_overlaps(tl, p) == []
+    ops = tl.by_op()
     for s in range(p):  # every dependency ends before its dependant starts
         for op in sched[s]:
             for d in pp.dependencies(p, s, op):
-                assert tl.spans[d][1] <= tl.spans[(s, op)][0] + 1e-12
+                assert ops[d].end <= ops[(s, op)].start + 1e-12
 
 
 @settings(max_examples=40, deadline=None)
@@ -139,7 +140,8 @@ def test_problems_are_named():
         pp.validate_schedule(dead, 2, 2)
     assert "expected 3 stages" in pp.schedule_problems(pp.gpipe_schedule(2, 2), 3, 2)[0]
     tl = pp.simulate_schedule(pp.gpipe_schedule(2, 2))
-    tl.spans[(1, ("F", 0))] = (0.0, 1.0)  # starts before stage 0 finished F(0)
+    tl = pp.Timeline(2, 2, [pp.op_span(1, ("F", 0), 0.0, 1.0) if (x.stage, x.name) == (1, "F0")
+                            else x for x in tl])  # F(0) on stage 1 before stage 0 finished it
     assert any("before its dependency" in e for e in pp.schedule_problems(
         pp.gpipe_schedule(2, 2), 2, 2, tl))
 
@@ -203,6 +205,44 @@ def test_pipeline_on_simulator_equals_single_device(name, recompute):
     assert brute_overlaps(run.timeline, p) == []
     assert run.bubble == pytest.approx(pp.bubble_fraction_standard(p, m), abs=1e-4)
     assert run.peak_in_flight == pp.in_flight_peak(pp.make_schedule(name, p, m))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_schedule_emits_one_span_per_operation_on_its_stage(name):
+    """The schedule's timeline is ml.Span records: one per (stage, op), on lane "stage s", named
+    "F3"/"B3", kind F/B; its makespan and bubble are the spans' own sums."""
+    import mlsys_lab as ml
+
+    p, m = 3, 5
+    sched = pp.make_schedule(name, p, m)
+    tl = pp.simulate_schedule(sched, t_forward=1.0, t_backward=2.5)
+    assert all(isinstance(x, ml.Span) and x.start <= x.end for x in tl)
+    assert len(tl) == 2 * p * m and {x.lane for x in tl} == {f"stage {s}" for s in range(p)}
+    assert sorted(tl.by_op()) == sorted((s, tuple(op)) for s in range(p) for op in sched[s])
+    for x in tl:
+        assert x.lane == f"stage {x.stage}" and x.name == f"{x.kind}{x.micro_batch}"
+        assert x.end - x.start == (1.0 if x.kind == "F" else 2.5)
+    busy = sum(x.end - x.start for x in tl)
+    assert busy == pytest.approx(p * m * 3.5)
+    assert tl.makespan == max(x.end for x in tl)
+    assert tl.bubble_fraction() == pytest.approx(1 - busy / (p * tl.makespan))
+
+
+def test_a_measured_pipeline_emits_the_simulators_compute_spans():
+    """run_pipeline's timeline: the simulator trace's compute spans of each rank, in order,
+    labelled with the schedule's operations (same times, one per operation)."""
+    p, m = 3, 4
+    model, data, opt, loss = _pipeline_setup(p)
+    run = pp.run_pipeline(model, data[:1], loss, _cluster(p), schedule="1f1b", micro_batches=m)
+    computes = [e for e in run.result.trace if e.kind == "compute"]
+    assert len(run.timeline) == len(computes) == 2 * p * m
+    for s in range(p):
+        mine = [(e.start, e.end) for e in computes if e.rank == s]
+        assert [(a, b) for a, b, _ in run.timeline.stage_ops(s)] == sorted(mine)
+        assert [op for *_, op in run.timeline.stage_ops(s)] == \
+            [tuple(op) for op in pp.make_schedule("1f1b", p, m)[s]]
+    assert run.bubble == run.timeline.bubble_fraction()
+    assert run.time >= run.timeline.makespan
 
 
 def test_recomputation_measured_memory_and_time():

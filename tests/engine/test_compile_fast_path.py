@@ -65,7 +65,10 @@ def test_profiled_call_records_one_event_per_node_in_schedule_order(compiled):
     first = compiled.timeline
     nodes = compiled.graph.nodes
     assert [e.node_id for e in first] == [n.id for n in nodes]
-    assert [e.node for e in first] == [f"{n.outputs[0].name}={n.op}" for n in nodes]
+    assert all(isinstance(e, ml.Span) for e in first)
+    assert [e.name for e in first] == [f"{n.outputs[0].name}={n.op}" for n in nodes]
+    assert [e.kind for e in first] == [n.op for n in nodes]
+    assert [e.lane for e in first] == [f"{n.meta['device']}/stream0" for n in nodes]
     assert [e.device for e in first] == [n.meta["device"] for n in nodes]
     assert {e.worker for e in first} == {"stream0"}
     assert all(e.start <= e.end for e in first)

@@ -7,7 +7,8 @@ chapter 9). The modules, one idea each:
     ops        the operator nodes and how each one runs (inline map, prefetch thread, cache)
     pools      a parallel map's workers: threads or forked processes, ordered or not
     runtime    the run's context, clock, queue helpers and PipelineTimeout
-    report     what a profiled run records (Event) and the per-operator Report
+    report     what a profiled run records (a Span per item, mlsys_lab.span) and the
+               per-operator Report
     passes     data-graph passes: fuse_maps, vectorize_maps, push_filters, optimize
     autotune   choosing per-operator degrees from measured costs (pure functions)
     sim        a discrete-event simulation of a pipeline (throughput, idle, timeline)
@@ -26,10 +27,10 @@ from .pipeline import (
     measured_rate,
     with_degrees,
 )
-from .report import Event, Report, StageReport
+from .report import Report, StageReport
 
 __all__ = [
-    "AUTOTUNE", "Event", "Pipeline", "PipelineError", "PipelineTimeout", "Report", "StageReport",
+    "AUTOTUNE", "Pipeline", "PipelineError", "PipelineTimeout", "Report", "StageReport",
     "choose_degrees", "fuse_maps", "measure_costs", "measured_rate", "optimize", "push_filters",
     "refine_degrees", "vectorize_maps", "with_degrees",
 ]

@@ -61,11 +61,11 @@ from .ops import (
     TakeNode,
     collate,
 )
-from .report import Event, Recorder, Report, StageReport, make_report
+from .report import Recorder, Report, StageReport, make_report
 from .runtime import CPU_COUNT, Context, PipelineTimeout, now
 
 __all__ = ["Pipeline", "PipelineError", "PipelineTimeout", "AUTOTUNE", "Report",
-           "StageReport", "Event", "collate", "with_degrees", "measure_costs", "autotune",
+           "StageReport", "collate", "with_degrees", "measure_costs", "autotune",
            "measured_rate",
            "Node", "SourceNode", "MapNode", "FilterNode", "ShuffleNode", "BatchNode",
            "PrefetchNode", "CacheNode", "RepeatNode", "ShardNode", "TakeNode", "MapStep"]

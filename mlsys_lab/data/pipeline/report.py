@@ -1,4 +1,4 @@
-"""What ``Pipeline.profile`` measures: the work events a run records, and the per-operator
+"""What ``Pipeline.profile`` measures: the work spans a run records, and the per-operator
 report (items/s, busy and waiting fractions, the timeline) built from them."""
 
 from __future__ import annotations
@@ -6,29 +6,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ArgumentError
+from ...span import Span
 from .runtime import now
 
-__all__ = ["Event", "StageReport", "Report"]
+__all__ = ["Report", "StageReport", "work_span"]
 
 
-@dataclass(frozen=True)
-class Event:
-    """One piece of work: ``stage``'s ``worker`` processed ``item`` from ``start`` to ``end``
-    (seconds since the run began)."""
-
-    stage: str
-    worker: int
-    item: int
-    start: float
-    end: float
+def work_span(stage, worker, item, start, end) -> Span:
+    """The :class:`~mlsys_lab.span.Span` of ``stage``'s ``worker`` processing ``item`` from
+    ``start`` to ``end`` (seconds since the run began): lane ``"stage worker"``, name
+    ``"item N"``, kind the stage; details ``stage``, ``worker`` and ``item`` (also readable as
+    ``span.stage``, ``span.worker``, ``span.item``)."""
+    return Span(f"{stage} {worker}", f"item {item}", start, end, stage,
+                {"stage": stage, "worker": worker, "item": item})
 
 
 class Recorder:
-    """Collects busy and waiting seconds per ``(stage, worker)`` and the work events."""
+    """Collects busy and waiting seconds per ``(stage, worker)`` and the work spans."""
 
     def __init__(self):
         self.origin = now()
-        self.events: list[Event] = []
+        self.spans: list[Span] = []
         self.busy: dict = {}
         self.wait: dict = {}
         self.items: dict = {}
@@ -37,7 +35,7 @@ class Recorder:
         key = (stage, worker)  # each key is written by one thread only
         self.busy[key] = self.busy.get(key, 0.0) + (end - start)
         self.items[key] = self.items.get(key, 0) + 1
-        self.events.append(Event(stage, worker, item, start - self.origin, end - self.origin))
+        self.spans.append(work_span(stage, worker, item, start - self.origin, end - self.origin))
 
     def waited(self, stage, worker, seconds):
         key = (stage, worker)
@@ -70,7 +68,9 @@ class StageReport:
 
 @dataclass(frozen=True)
 class Report:
-    """What ``Pipeline.profile`` measured: per-stage numbers and the work timeline."""
+    """What ``Pipeline.profile`` measured: per-stage numbers and the work timeline (a tuple of
+    :class:`~mlsys_lab.span.Span`, one per item an operator's worker processed; see
+    :func:`work_span`)."""
 
     stages: tuple
     wall: float
@@ -119,4 +119,4 @@ def make_report(nodes, recorder: Recorder, wall: float, outputs: int) -> Report:
         stages.append(StageReport(node.name, node.kind, node.degree, items,
                                   items / wall if wall > 0 else 0.0, min(busy / capacity, 1.0),
                                   min(wait / capacity, 1.0), busy, wait))
-    return Report(tuple(stages), wall, outputs, tuple(recorder.events))
+    return Report(tuple(stages), wall, outputs, tuple(recorder.spans))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ArgumentError
-from .report import Event
+from .report import work_span
 
 __all__ = ["SimStage", "SimResult", "SimStageStats", "simulate", "analytic_throughput",
            "preprocess_rate", "book_stages", "BOOK_DEGREES"]
@@ -90,7 +90,8 @@ class SimResult:
         bottleneck: The stage with the lowest capacity (``degree / mean cost``), or "cpus"
             when the shared CPUs limit the rate more than any stage.
         device_idle: Fraction of time the device waits for data (None without a device).
-        timeline: ``Event``s when asked for, else empty.
+        timeline: :class:`~mlsys_lab.span.Span` records (``report.work_span``: one per item per
+            stage) when asked for, else empty.
     """
 
     throughput: float
@@ -187,7 +188,7 @@ class _Simulation:
         self.source_next = 0
         self.done = np.full(n_items, np.nan)
         self.delivered = 0
-        self.events = []
+        self.spans = []
 
     # -- moving items -------------------------------------------------------------------------
     def _lane_for(self, state: _StageState, w: int) -> deque:
@@ -272,7 +273,7 @@ class _Simulation:
     def _finish(self, state: _StageState, w: int):
         item = state.item[w]
         if self.record:
-            self.events.append(Event(state.stage.name, w, item, state.started[w], self.now))
+            self.spans.append(work_span(state.stage.name, w, item, state.started[w], self.now))
         if state.last:
             self.done[item] = self.now
             self.delivered += 1
@@ -320,7 +321,7 @@ def simulate(stages, n_items: int = 500, *, read_rate: float | None = None,
         buffer: Output buffer per worker (the stage's buffer is ``buffer * degree`` when
             unordered).
         ordered: Use the order-preserving scheme.
-        timeline: Record an ``Event`` per item per stage.
+        timeline: Record a :class:`~mlsys_lab.span.Span` per item per stage.
     """
     stages = _check_stages(stages)
     _check_rate("read_rate", read_rate)
@@ -352,4 +353,4 @@ def simulate(stages, n_items: int = 500, *, read_rate: float | None = None,
     bottleneck = "cpus" if analytic < bottleneck.capacity * (1 - 1e-9) else bottleneck.name
     idle = None if consume_rate is None else max(0.0, 1.0 - throughput / consume_rate)
     return SimResult(float(throughput), float(analytic), makespan, tuple(stats), bottleneck,
-                     idle, tuple(sim.events))
+                     idle, tuple(sim.spans))

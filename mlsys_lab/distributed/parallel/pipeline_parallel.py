@@ -17,6 +17,7 @@ from ...engine.autodiff import tape_order
 from ...engine.tensor import Tensor, no_grad
 from ...errors import ArgumentError, DTypeError, UnknownNameError
 from ...nn.layers import Sequential
+from ...span import Span
 from .. import sim
 
 FORWARD, BACKWARD = "F", "B"
@@ -82,21 +83,39 @@ def dependencies(p, stage, op):
 
 
 # --- timing -------------------------------------------------------------------------------------
-@dataclass
-class Timeline:
-    """When each operation ran: ``spans[(stage, op)] = (start, end)``."""
+def op_span(stage, op, start, end):
+    """The :class:`~mlsys_lab.span.Span` of ``op`` (``("F", j)`` or ``("B", j)``) on ``stage``:
+    lane ``"stage s"``, name ``"F3"``, kind ``"F"`` or ``"B"``; details ``stage`` and
+    ``micro_batch`` (also ``span.stage``, ``span.micro_batch``)."""
+    kind, j = op
+    return Span(f"stage {stage}", f"{kind}{j}", start, end, kind,
+                {"stage": stage, "micro_batch": j})
 
-    p: int
-    m: int
-    spans: dict = field(default_factory=dict)
+
+def span_op(span):
+    """``(stage, (kind, micro_batch))`` of a span made by :func:`op_span`."""
+    return span.stage, (span.kind, span.micro_batch)
+
+
+class Timeline(list):
+    """When each operation ran: one :class:`~mlsys_lab.span.Span` per ``(stage, op)``
+    (:func:`op_span`), for ``p`` stages and ``m`` micro-batches, with the schedule's numbers."""
+
+    def __init__(self, p, m, spans=()):
+        super().__init__(spans)
+        self.p, self.m = p, m
+
+    def by_op(self):
+        """``{(stage, (kind, micro_batch)): Span}``."""
+        return {span_op(span): span for span in self}
 
     @property
     def makespan(self):
-        return max(end for _, end in self.spans.values()) if self.spans else 0.0
+        return max(span.end for span in self) if self else 0.0
 
     def busy(self, stage):
         """Total time ``stage`` spent computing."""
-        return sum(e - s for (st, _), (s, e) in self.spans.items() if st == stage)
+        return sum(span.end - span.start for span in self if span.stage == stage)
 
     def bubble_fraction(self):
         """Idle share of the ``p x makespan`` device-time: 1 - sum(busy) / (p * makespan)."""
@@ -105,7 +124,8 @@ class Timeline:
 
     def stage_ops(self, stage):
         """``(start, end, op)`` of one stage, in time order."""
-        return sorted((s, e, op) for (st, op), (s, e) in self.spans.items() if st == stage)
+        return sorted((span.start, span.end, span_op(span)[1]) for span in self
+                      if span.stage == stage)
 
 
 def bubble_fraction_standard(p, m):
@@ -141,7 +161,7 @@ def simulate_schedule(schedule, t_forward=1.0, t_backward=2.0, t_comm=0.0, recom
     m = sum(1 for kind, _ in schedule[0] if kind == FORWARD) if p else 0
     tf, tb = _per_stage(t_forward, p, "t_forward"), _per_stage(t_backward, p, "t_backward")
     duration = {FORWARD: tf, BACKWARD: [b + (f if recompute else 0.0) for f, b in zip(tf, tb)]}
-    timeline, nxt, free = Timeline(p, m), [0] * p, [0.0] * p
+    done, nxt, free = {}, [0] * p, [0.0] * p
     remaining = sum(len(ops) for ops in schedule)
     while remaining:
         progressed = False
@@ -149,19 +169,18 @@ def simulate_schedule(schedule, t_forward=1.0, t_backward=2.0, t_comm=0.0, recom
             while nxt[s] < len(ops):
                 op = ops[nxt[s]]
                 deps = dependencies(p, s, op)
-                if any(d not in timeline.spans for d in deps):
+                if any(d not in done for d in deps):
                     break
-                ready = max([free[s]] + [timeline.spans[d][1] + (t_comm if d[0] != s else 0.0)
+                ready = max([free[s]] + [done[d].end + (t_comm if d[0] != s else 0.0)
                                          for d in deps])
-                end = ready + duration[op[0]][s]
-                timeline.spans[(s, op)] = (ready, end)
-                free[s], nxt[s], remaining = end, nxt[s] + 1, remaining - 1
+                done[(s, op)] = op_span(s, op, ready, ready + duration[op[0]][s])
+                free[s], nxt[s], remaining = done[(s, op)].end, nxt[s] + 1, remaining - 1
                 progressed = True
         if not progressed:
             stuck = {s: ops[nxt[s]] for s, ops in enumerate(schedule) if nxt[s] < len(ops)}
             raise ArgumentError(f"simulate_schedule: the schedule deadlocks; each stage waits "
                                 f"on its next operation: {stuck}")
-    return timeline
+    return Timeline(p, m, done.values())
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -200,18 +219,18 @@ def schedule_problems(schedule, p, m, timeline=None):
 
 
 def _timeline_problems(schedule, p, timeline, eps=1e-12):
-    problems = []
+    problems, spans_of = [], timeline.by_op()
     for s in range(p):
         spans = timeline.stage_ops(s)
         for (_, e0, op0), (s1, _, op1) in zip(spans, spans[1:]):
             if s1 < e0 - eps:
                 problems.append(f"stage {s} runs {op1} at {s1:g} while {op0} runs until {e0:g}")
         for op in schedule[s]:
-            start = timeline.spans[(s, tuple(op))][0]
+            start = spans_of[(s, tuple(op))].start
             for d in dependencies(p, s, tuple(op)):
-                if start < timeline.spans[d][1] - eps:
+                if start < spans_of[d].end - eps:
                     problems.append(f"stage {s} starts {op} at {start:g} before its dependency "
-                                    f"{d} ends at {timeline.spans[d][1]:g}")
+                                    f"{d} ends at {spans_of[d].end:g}")
     return problems
 
 
@@ -374,7 +393,8 @@ class PipelineRun:
     Attributes:
         states: each stage's final ``state_dict``. losses: loss per batch (last stage).
         time: simulated makespan. timeline: the compute spans per stage, as a
-        :class:`Timeline` (from the simulator's trace). bubble: its bubble fraction.
+        :class:`Timeline` of :func:`op_span` spans (the simulator's compute spans, matched to
+        the schedule's operations). bubble: its bubble fraction.
         peak_in_flight: most micro-batches stashed per stage. peak_activation_bytes: most
         bytes of stashed activations per stage (measured from the autodiff tape).
     """
@@ -390,13 +410,13 @@ class PipelineRun:
 
 
 def _timeline_from_trace(trace, schedule, steps):
+    """The schedule's ops, in order, matched to each rank's compute spans of the trace."""
     p, m = len(schedule), len(schedule[0]) // 2
     timeline = Timeline(p, m * steps)
     per_rank = [[e for e in trace if e.rank == s and e.kind == "compute"] for s in range(p)]
-    for s, events in enumerate(per_rank):
+    for s, computes in enumerate(per_rank):
         ops = [(kind, step * m + j) for step in range(steps) for kind, j in schedule[s]]
-        for (kind, j), e in zip(ops, events):
-            timeline.spans[(s, (kind, j))] = (e.start, e.end)
+        timeline += [op_span(s, op, e.start, e.end) for op, e in zip(ops, computes)]
     return timeline
 
 

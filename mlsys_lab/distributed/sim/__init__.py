@@ -80,10 +80,10 @@ from ..comm import Communicator
 from .engine import Engine
 from .symbolic import SymbolicArray
 from .topology import Device, Topology, fully_connected, ring, tree, two_level
-from .trace import TraceEvent
+from .trace import trace_span
 
 __all__ = ["SHARING", "Cluster", "Device", "Result", "SimCommunicator", "SymbolicArray",
-           "Topology", "TraceEvent", "fully_connected", "ring", "run", "tree", "two_level"]
+           "Topology", "fully_connected", "ring", "run", "trace_span", "tree", "two_level"]
 
 SHARING = ("fifo", "fair")
 
@@ -154,7 +154,8 @@ class Result:
 
     Attributes:
         results: each rank's return value. time: the simulated makespan (seconds).
-        rank_time: when each rank finished. trace: :class:`TraceEvent` list (``trace=True``).
+        rank_time: when each rank finished. trace: a list of :class:`~mlsys_lab.span.Span`
+        (``trace=True``; one per compute, send and receive: :func:`.trace.trace_span`).
         link_busy: seconds each link direction carried bytes, by link name (only links used).
         messages, bytes: totals sent. unmatched: messages never received (src, dst, tag, bytes).
     """
@@ -186,7 +187,7 @@ def run(cluster, prog, args=None, kwargs=None, *, trace=True, batched=None, time
             communicating).
         args: one tuple of arguments per rank (``None``: no arguments).
         kwargs: keyword arguments for every rank.
-        trace: record the :class:`TraceEvent` timeline.
+        trace: record the timeline (:class:`~mlsys_lab.span.Span` records, ``Result.trace``).
         batched: override ``cluster.batch_collectives``.
         time_limit: stop with :class:`~..comm.CommTimeoutError` past this simulated time.
         wall_limit: ... or after this many real seconds.
