@@ -98,7 +98,7 @@ def test_sample_weighted_mean_is_not_the_mean_batch_loss():
 
 
 def test_a_hard_coded_mean_loss_fails_on_another_seed():
-    from mlsys_lab.grading.exercises.ch02_introduction import _mean_loss_probe
+    from mlsys_lab.grading.exercises.ch02_introduction.ex2_1_train_epoch import _mean_loss_probe
 
     copied = _mean_loss_probe(honest_train_epoch, seed=1)  # the number a student could copy
     result = run_cases("2.1", lambda *a: copied, seed=2)
@@ -106,7 +106,7 @@ def test_a_hard_coded_mean_loss_fails_on_another_seed():
 
 
 def test_the_grader_reference_epoch_is_off_limits():
-    from mlsys_lab.grading.exercises.ch02_introduction import _ref_epoch
+    from mlsys_lab.grading.exercises.ch02_introduction.ex2_1_train_epoch import _ref_epoch
 
     result = run_cases("2.1", _ref_epoch, seed=0)
     assert result.score == 0 and "(the grader's own reference) is off limits" in _feedback(result)
@@ -165,7 +165,7 @@ def test_evaluate_with_the_tape_on_fails():
 
 
 def test_the_grader_reference_accuracy_is_off_limits():
-    from mlsys_lab.grading.exercises.ch02_introduction import _ref_accuracy
+    from mlsys_lab.grading.exercises.ch02_introduction.ex2_2_evaluate import _ref_accuracy
 
     assert run_cases("2.2", _ref_accuracy, seed=0).score == 0
 
@@ -339,6 +339,17 @@ def test_the_grader_resumes_a_notebook_answer_in_a_fresh_process(tmp_path):
                    timeout=300)
     row = next(r for r in report.rows if r.exercise == "2.3")
     assert row.points == row.max == 4, report.to_table()
+
+
+def test_the_fresh_process_gets_the_folder_that_holds_the_package():
+    """2.3's fresh process puts the folder holding ``mlsys_lab`` on its path, whatever folder the
+    check module sits in (three levels up from the old ``grading/ch02.py`` became
+    ``mlsys_lab/grading`` when the checks moved into ``exercises/ch02_introduction/``)."""
+    from mlsys_lab.grading.exercises.ch02_introduction.ex2_3_checkpoint import _package_root
+
+    root = Path(_package_root())
+    assert (root / "mlsys_lab" / "__init__.py").is_file()
+    assert root == Path(ml.__file__).resolve().parents[1]
 
 
 # ----------------------------------------------------------------------------- 3.1 LowRankLinear
@@ -621,7 +632,9 @@ def test_a_numpy_loss_gives_no_gradient():
 
 
 def test_the_grader_references_for_3_3_are_off_limits():
-    from mlsys_lab.grading.exercises.ch03_programming_interface import _ref_loss_grad
+    from mlsys_lab.grading.exercises.ch03_programming_interface.ex3_3_functional import (
+        _ref_loss_grad,
+    )
 
     def via_reference(params, X, y, lr):
         _, g = _ref_loss_grad(params, X, y)
@@ -629,4 +642,4 @@ def test_the_grader_references_for_3_3_are_off_limits():
 
     result = run_cases("3.3", loss_fn, via_reference, seed=6)
     _zero_on(result, "sgd_step is pure and correct", "40 steps equal plain gradient descent")
-    assert "ch03._ref_loss_grad` (the grader's own reference)" in _feedback(result)
+    assert "ex3_3_functional._ref_loss_grad` (the grader's own reference)" in _feedback(result)
