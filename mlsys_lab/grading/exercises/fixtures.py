@@ -8,8 +8,8 @@
   rebuilds it (``graph_from_data``) to lint and run it itself (``lint_and_run``,
   ``outputs_of``); ``graph_snapshot`` and ``first_difference`` tell whether a function changed
   a graph it was given (4.3, 6.3, 6.4).
-* Arrays on the wire: ``as_array`` (for probes) and ``to_wire``/``from_wire`` keep a 0-d array
-  0-d (4.3, 4.4, 6.1, 6.2).
+* Arrays on the wire: ``as_array`` and ``as_arrays`` (a pair of results; for probes) and
+  ``to_wire``/``from_wire`` keep a 0-d array 0-d (4.3, 4.4, 6.1, 6.2).
 """
 
 from __future__ import annotations
