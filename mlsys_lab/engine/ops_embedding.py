@@ -1,30 +1,42 @@
-"""Embedding bags: pooled lookups of variable-length id lists, and their row-sparse gradient.
+"""Embedding lookups and bags, with the table's gradient dense or row-sparse by an explicit flag.
 
-``embedding_bag(weight, ids, offsets, mode)`` is PyTorch's ``F.embedding_bag``: bag ``b`` holds
-``ids[offsets[b]:offsets[b+1]]`` (the last bag runs to the end), and its output row is the sum
-or the mean of those rows of ``weight`` (with ``per_sample_weights``, ``mode="sum"`` only, each
-row times its id's weight); an empty bag gives a row of zeros. The gradient with respect to
-``weight`` is zero except in the rows the ids touched. With ``sparse=True`` the tape hands it
-back as a :class:`~.sparse.RowSparse` with one row per distinct id, each id's cotangent added
-into it (:func:`sparse_bag_grad`: a hash table, no sort; the optimisers need merged rows for
-their non-linear updates anyway): eager ``.backward()`` and ``ml.grad`` when the table is a
-leaf and no higher-order graph is being built. Everywhere else — a traced or
-compiled gradient, ``create_graph=True``, a table that is itself computed — the same gradient
-is the dense op ``embedding_bag_grad`` (the compiler's kernel for it is named
-``numpy.embedding_bag_grad[densified]`` so ``explain()`` says the row-sparse gradient became a
-dense table).
+``embedding_bag(weight, ids, offsets, mode, sparse=False)`` is PyTorch's ``F.embedding_bag``:
+bag ``b`` holds ``ids[offsets[b]:offsets[b+1]]`` (the last bag runs to the end), and its output
+row is the sum or the mean of those rows of ``weight`` (with ``per_sample_weights``,
+``mode="sum"`` only, each row times its id's weight); an empty bag gives a row of zeros.
+``embedding(weight, ids, sparse=False)`` is the plain lookup ``weight[ids]`` (``F.embedding``):
+an id outside ``[0, num_rows)`` — a negative one included — raises the library's
+``ArgumentError`` when the op runs, eagerly or in a traced or compiled graph, as PyTorch raises,
+instead of wrapping around as ``take`` (numpy's and PyTorch's ``take`` semantics) does.
+
+The gradient with respect to ``weight`` is zero except in the rows the ids touched. ``sparse``
+is an attribute of both ops (it is in every traced node's attrs), and it alone says what that
+gradient is, as PyTorch's ``sparse=`` flag does:
+
+* ``sparse=False`` (the default): a dense ``(num_rows, dim)`` Tensor, the op
+  ``embedding_bag_grad`` (the adjoint of ``embedding_bag``; a plain lookup is a batch of
+  one-id bags). It is an op like any other: traced, compiled, differentiated again.
+* ``sparse=True``: a :class:`~.sparse.RowSparse` with one row per distinct id, in order of
+  first appearance (:func:`sparse_bag_grad`: a hash table, no sort; the optimisers need merged
+  rows for their non-linear updates anyway), from the eager tape (``.backward()``,
+  ``ml.gradients``) and ``ml.grad``. Where a row-sparse gradient cannot go, the backward pass
+  raises an ``ArgumentError`` naming the op and the flag instead of handing back a dense
+  table: a traced gradient (``ml.trace`` / ``ml.compile`` of a gradient, ``grad_graph``:
+  graph values are dense arrays), a backward pass that records a graph (``create_graph=True``,
+  nested ``ml.grad``, ``ml.hvp``, forward-over-reverse: a RowSparse is not differentiable), and
+  a table that is itself computed (its gradient would have to flow back through another op's
+  dense VJP). Use ``sparse=False`` there.
+
+Documented densification, as PyTorch's: where the table also gets a dense gradient (it is used
+by another op too, or ``.grad`` already holds a dense one), the two add up to a dense Tensor
+(:func:`~.sparse.accumulate_grad`); ``np.asarray(grad)`` and ``grad.numpy()`` densify on request.
+Optimisers that do not take row-sparse gradients (Adam, RMSProp, SGD with momentum or weight
+decay, ...) refuse them (``mlsys_lab.optim``).
 
 ``compute`` is the numpy reference (``np.add.at``); eager mode and compiled graphs run the
 prefetching Numba gather of :mod:`mlsys_lab.kernels.embedding`, bit-identical to it.
 
 Ids and offsets may be integers of any width (int32 as well as int64, as PyTorch takes).
-
-``embedding(weight, ids)`` is the plain dense lookup (``F.embedding``, ``nn.Embedding``'s
-``sparse=False`` path): ``weight[ids]`` as its own op, so that an id outside
-``[0, num_rows)`` — a negative one included — raises the library's ``ArgumentError`` when the
-op runs, eagerly or in a traced or compiled graph, as PyTorch raises, instead of wrapping
-around as ``take`` (numpy's and PyTorch's ``take`` semantics) does. Its gradient is the
-dense ``embedding_bag_grad`` of one-id bags, which checks the ids too.
 """
 
 import numba
@@ -35,7 +47,7 @@ from .dispatch import apply, is_grad_enabled
 from .numba_cache import CACHE
 from .ops_shape import getitem, reshape
 from .ops_shape import sum as reduce_sum
-from .registry import AVal, defop, register_impl
+from .registry import AVal, defop
 from .shapes import expect_shape
 from .sparse import RowSparse, scatter_add_rows, unique_first_seen
 from .tensor import Tensor
@@ -231,24 +243,51 @@ EMBEDDING_BAG_SEGMENTS = defop("embedding_bag_segments", compute=_segments_compu
                                infer=_segments_infer)
 
 
-def _psw_cotangent(table, ids, rows, offsets):
+def _psw_cotangent(table, ids, rows, offsets, sparse):
     """``d/d psw[k] = <table[ids[k]], rows[bag of k]>``: the per-sample weights' cotangent,
-    from differentiable lookups (so it has gradients of its own)."""
+    from differentiable lookups (so it has gradients of its own; the table's lookup keeps the
+    op's ``sparse`` flag, the cotangent's is dense: a cotangent is never a leaf table)."""
     seg = apply(EMBEDDING_BAG_SEGMENTS, ids, offsets)
-    return reduce_sum(embedding_lookup(table, ids) * embedding_lookup(rows, seg), axis=1)
+    return reduce_sum(embedding(table, ids, sparse=sparse) * embedding(rows, seg), axis=1)
+
+
+def _row_sparse_grad(op, g, w, ids, offsets, mode="sum", psw=()):
+    """The table's gradient of a ``sparse=True`` lookup: a RowSparse of the touched rows.
+
+    Raises:
+        ArgumentError: where a row-sparse gradient cannot go (a traced gradient, a backward pass
+            that records a graph, a table computed by another op), naming the op and the flag.
+    """
+    flag = f"{op}(sparse=True)"
+    if any(t.is_tracer for t in (g, w, ids, offsets, *psw)):
+        raise ArgumentError(
+            f"{flag}: the table's gradient is row-sparse, and a traced gradient (ml.trace or "
+            f"ml.compile of a gradient, grad_graph) holds dense arrays only; look the table up "
+            f"with sparse=False to trace or compile its gradient (a dense embedding_bag_grad)")
+    if is_grad_enabled():
+        raise ArgumentError(
+            f"{flag}: the table's gradient is row-sparse, which is not differentiable, and this "
+            f"backward pass records a graph (create_graph=True, nested ml.grad, ml.hvp, forward "
+            f"mode over it); look the table up with sparse=False for a differentiable dense "
+            f"gradient")
+    if w._ctx is not None:
+        raise ArgumentError(
+            f"{flag}: the table is computed (the output of {w._ctx[0].name}), and its "
+            f"row-sparse gradient cannot flow back through that op; look up a leaf table (a "
+            f"Parameter) or use sparse=False")
+    return sparse_bag_grad(g.numpy().astype(w.dtype, copy=False), ids.numpy(), offsets.numpy(),
+                           w.shape[0], mode, psw[0].numpy() if psw else None)
 
 
 def _bag_vjp(g, xs, y, needs, mode, sparse):
     w, ids, offsets, *psw = xs
     cts = [None] * len(xs)
     if psw and needs[3]:
-        cts[3] = _psw_cotangent(w, ids, g, offsets)
+        cts[3] = _psw_cotangent(w, ids, g, offsets, sparse)
     if not needs[0]:
         return tuple(cts)
-    if sparse and not g.is_tracer and not is_grad_enabled() and w._ctx is None:
-        cts[0] = sparse_bag_grad(g.numpy().astype(w.dtype, copy=False), ids.numpy(),
-                                 offsets.numpy(), w.shape[0], mode,
-                                 psw[0].numpy() if psw else None)
+    if sparse:
+        cts[0] = _row_sparse_grad("embedding_bag", g, w, ids, offsets, mode, psw)
     else:
         cts[0] = embedding_bag_grad(g, ids, offsets, w.shape[0], mode,
                                     per_sample_weights=psw[0] if psw else None)
@@ -259,9 +298,10 @@ def _bag_jvp(ts, xs, y, mode, sparse):
     w, ids, offsets, *psw = xs
     out = None
     if ts[0] is not None:
-        out = embedding_bag(ts[0], ids, offsets, mode, per_sample_weights=psw[0] if psw else None)
+        out = embedding_bag(ts[0], ids, offsets, mode, sparse,
+                            per_sample_weights=psw[0] if psw else None)
     if psw and ts[3] is not None:
-        extra = embedding_bag(w, ids, offsets, mode, per_sample_weights=ts[3])
+        extra = embedding_bag(w, ids, offsets, mode, sparse, per_sample_weights=ts[3])
         out = extra if out is None else out + extra
     return out
 
@@ -295,7 +335,7 @@ def _grad_vjp(u, xs, y, needs, num_rows, mode):
     cts = [embedding_bag(u, ids, offsets, mode, per_sample_weights=psw[0] if psw else None),
            None, None]
     if psw:
-        cts.append(_psw_cotangent(u, ids, g, offsets) if needs[3] else None)
+        cts.append(_psw_cotangent(u, ids, g, offsets, False) if needs[3] else None)
     return tuple(cts)
 
 
@@ -313,12 +353,10 @@ def _grad_jvp(ts, xs, y, num_rows, mode):
 
 EMBEDDING_BAG_GRAD = defop("embedding_bag_grad", compute=_grad_compute, infer=_grad_infer,
                            vjp=_grad_vjp, jvp=_grad_jvp)
-register_impl("embedding_bag_grad", "cpu", _grad_compute,
-              name="numpy.embedding_bag_grad[densified]", returns=True)
 
 
-# --- embedding: the dense lookup that refuses an id outside the table ---------------------------
-def _embedding_infer(w, ids):
+# --- embedding: the lookup that refuses an id outside the table -------------------------------
+def _embedding_infer(w, ids, sparse):
     if len(w.shape) != 2:
         raise RankError(f"embedding: weight must be 2-D (rows, dim), got shape {tuple(w.shape)}")
     if np.dtype(ids.dtype).kind not in "iu":
@@ -326,23 +364,26 @@ def _embedding_infer(w, ids):
     return AVal((*ids.shape, w.shape[1]), w.dtype)
 
 
-def _embedding_compute(w, ids):
+def _embedding_compute(w, ids, sparse):
     check_range("embedding", ids, w.shape[0])
     return np.take(w, ids, axis=0)
 
 
-def _embedding_vjp(g, xs, y, needs):
-    """The dense table gradient as one-id bags' ``embedding_bag_grad``, which checks the ids
-    itself: a compiled gradient whose forward lookup was dropped as dead code still refuses a
-    bad id (``take_grad`` would add its row at the wrapped-around position)."""
+def _embedding_vjp(g, xs, y, needs, sparse):
+    """``sparse=False``: the dense table gradient as one-id bags' ``embedding_bag_grad``, which
+    checks the ids itself (a compiled gradient whose forward lookup was dropped as dead code
+    still refuses a bad id; ``take_grad`` would add its row at the wrapped-around position).
+    ``sparse=True``: the RowSparse of the touched rows (:func:`_row_sparse_grad`)."""
     w, ids = xs
     n = int(np.prod(ids.shape, dtype=np.int64))
-    return (embedding_bag_grad(reshape(g, (n, w.shape[1])), reshape(ids, (n,)),
-                               np.arange(n), w.shape[0]), None)
+    g2, ids1 = reshape(g, (n, w.shape[1])), reshape(ids, (n,))
+    if sparse:
+        return (_row_sparse_grad("embedding", g2, w, ids1, Tensor._wrap(np.arange(n))), None)
+    return (embedding_bag_grad(g2, ids1, np.arange(n), w.shape[0]), None)
 
 
-def _embedding_jvp(ts, xs, y):
-    return None if ts[0] is None else embedding(ts[0], xs[1])
+def _embedding_jvp(ts, xs, y, sparse):
+    return None if ts[0] is None else embedding(ts[0], xs[1], sparse=sparse)
 
 
 EMBEDDING = defop("embedding", compute=_embedding_compute, infer=_embedding_infer,
@@ -386,8 +427,10 @@ def embedding_bag(weight, ids, offsets, mode="sum", sparse=False, per_sample_wei
         offsets: 1-D integers, where each bag starts (``offsets[0] == 0``); a bag whose start
             equals the next one's is empty and pools to zeros.
         mode: ``"sum"`` or ``"mean"``.
-        sparse: hand the table's gradient back as a :class:`~.sparse.RowSparse` of the touched
-            rows (eager tape and ``ml.grad``; dense elsewhere, see the module docstring).
+        sparse: the table's gradient: ``False``, a dense ``(rows, dim)`` Tensor (the op
+            ``embedding_bag_grad``); ``True``, a :class:`~.sparse.RowSparse` with one row per
+            distinct id, or an ``ArgumentError`` where one cannot go (a traced gradient,
+            ``create_graph=True``, a computed table; see the module docstring).
         per_sample_weights: ``mode="sum"`` only: a float per id (the table's dtype), each row
             multiplied by it before the sum; differentiable.
         include_last_offset: ``offsets`` has one more entry, ``len(ids)``, the end of the last
@@ -403,12 +446,11 @@ def embedding_bag(weight, ids, offsets, mode="sum", sparse=False, per_sample_wei
             per-sample weights not of the ids' shape and the table's dtype.
     """
     _check_mode("embedding_bag", mode)
-    if not isinstance(sparse, (bool, np.bool_)):
-        raise DTypeError(f"embedding_bag: sparse must be True or False, got {sparse!r}")
+    sparse = _check_sparse("embedding_bag", sparse)
     ids, offsets = _int_tensor(ids), _int_tensor(offsets)
     offsets = _last_offset(ids, offsets, include_last_offset, "embedding_bag")
     psw = () if per_sample_weights is None else (_float_tensor(per_sample_weights),)
-    return apply(EMBEDDING_BAG, weight, ids, offsets, *psw, mode=mode, sparse=bool(sparse))
+    return apply(EMBEDDING_BAG, weight, ids, offsets, *psw, mode=mode, sparse=sparse)
 
 
 def embedding_bag_grad(g, ids, offsets, num_rows, mode="sum", per_sample_weights=None,
@@ -424,33 +466,34 @@ def embedding_bag_grad(g, ids, offsets, num_rows, mode="sum", per_sample_weights
     return apply(EMBEDDING_BAG_GRAD, g, ids, offsets, *psw, num_rows=int(num_rows), mode=mode)
 
 
-def embedding(weight, ids):
+def _check_sparse(op, sparse):
+    if not isinstance(sparse, (bool, np.bool_)):
+        raise DTypeError(f"{op}: sparse must be True or False, got {sparse!r}")
+    return bool(sparse)
+
+
+def embedding(weight, ids, sparse=False):
     """``weight[ids]``: the rows of the ``(rows, dim)`` table for integer ``ids`` of any shape
     (``torch.nn.functional.embedding``); the result has shape ``(*ids.shape, dim)``.
 
     Unlike ``ops.take``, an id must lie in ``[0, rows)``: a negative id is refused, not
     counted from the end, and the check runs whenever the op does (eager, traced, compiled).
-    The table's gradient is dense (:func:`embedding_lookup` gives a row-sparse one).
+
+    Args:
+        weight: the ``(rows, dim)`` table.
+        ids: integer ids of any shape (int32 or int64, a traced tensor too).
+        sparse: the table's gradient: ``False``, a dense ``(rows, dim)`` Tensor (the op
+            ``embedding_bag_grad``); ``True``, a :class:`~.sparse.RowSparse` of the touched
+            rows, or an ``ArgumentError`` where one cannot go (a traced gradient,
+            ``create_graph=True``, a computed table; see the module docstring).
 
     Raises:
         ArgumentError: an id outside ``[0, rows)`` (the message names the id and the rows).
-        DTypeError: ids are not integers.
+        DTypeError: ids are not integers; sparse is not a bool.
         RankError: weight is not 2-D.
     """
-    return apply(EMBEDDING, weight, _int_tensor(ids))
+    return apply(EMBEDDING, weight, _int_tensor(ids), sparse=_check_sparse("embedding", sparse))
 
 
-def embedding_lookup(weight, ids, sparse=False):
-    """``weight[ids]`` for integer ``ids`` of any shape, as one-id bags (so the table's gradient
-    can be row-sparse). ``ids`` may be a traced tensor."""
-    ids = _int_tensor(ids)
-    if np.dtype(ids.dtype).kind not in "iu":
-        raise DTypeError(f"embedding: ids must be integers, got {ids.dtype}")
-    shape = tuple(ids.shape)
-    n = int(np.prod(shape, dtype=np.int64))
-    out = embedding_bag(weight, reshape(ids, (n,)), np.arange(n), "sum", sparse)
-    return reshape(out, (*shape, out.shape[-1]))
-
-
-__all__ = ["embedding", "embedding_bag", "embedding_bag_grad", "embedding_lookup", "bag_segments",
+__all__ = ["embedding", "embedding_bag", "embedding_bag_grad", "bag_segments",
            "check_offsets", "check_range", "sparse_bag_grad"]

@@ -3,8 +3,14 @@
 An embedding lookup reads a handful of rows of a huge table, so its gradient is zero everywhere
 except in those rows. ``RowSparse`` stores only the touched rows (``indices``) and their values,
 which is what a parameter server moves over the network instead of the dense table, and what
-the tape hands to ``.grad`` for a table looked up with ``sparse=True``
-(:mod:`.ops_embedding`). Optimisers that understand it update only those rows.
+the tape hands to ``.grad`` for a table looked up with ``sparse=True`` (:mod:`.ops_embedding`:
+the flag alone decides; ``sparse=False`` gives a dense Tensor). Optimisers that understand it
+update only those rows; the others refuse it.
+
+Densifying is explicit or documented, never a side effect of where the gradient was computed:
+``to_dense()``, ``numpy()`` and ``np.asarray(grad)`` ask for it, and a RowSparse added to a
+dense gradient of the same table gives a dense one (:func:`accumulate_grad`, ``__add__``, as
+PyTorch accumulates a sparse and a dense gradient).
 """
 
 import threading
@@ -355,7 +361,9 @@ def accumulate_grad(total, g):
     """``total + g`` for cotangents that may be Tensors or RowSparse (``total`` None: ``g``).
 
     Two RowSparse concatenate (no merge, as PyTorch's uncoalesced sparse gradients); a
-    RowSparse meeting a dense Tensor makes a dense Tensor."""
+    RowSparse meeting a dense Tensor makes a dense Tensor (the documented densification: a
+    table looked up with ``sparse=True`` and also used by a dense op gets a dense gradient,
+    as in PyTorch)."""
     if total is None:
         return g
     if isinstance(total, RowSparse) and isinstance(g, RowSparse):

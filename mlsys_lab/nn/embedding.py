@@ -1,10 +1,15 @@
-"""Embedding layers whose table gradient can be row-sparse: ``Embedding(sparse=True)`` and
-``EmbeddingBag`` (sum / mean pooling over variable-length id lists, PyTorch semantics)."""
+"""Embedding layers, ``Embedding`` (a lookup) and ``EmbeddingBag`` (sum / mean pooling over
+variable-length id lists), with PyTorch's semantics, including its ``sparse=`` flag: the
+table's gradient is a dense Tensor (``sparse=False``, the default) or a row-sparse
+:class:`~mlsys_lab.engine.sparse.RowSparse` of the touched rows (``sparse=True``), decided by
+the flag alone (the ``sparse`` attribute of the ``embedding`` / ``embedding_bag`` op each
+layer calls; :mod:`mlsys_lab.engine.ops_embedding` says where a row-sparse gradient cannot go
+and is refused)."""
 
 import numpy as np
 
 from .. import ops
-from ..engine.ops_embedding import MODES, embedding, embedding_bag, embedding_lookup
+from ..engine.ops_embedding import MODES, embedding, embedding_bag
 from ..engine.tensor import Tensor
 from ..errors import ArgumentError, DTypeError, RankError
 from ..kernels import embedding as _kernels  # noqa: F401 - registers the embedding-bag kernel
@@ -25,9 +30,12 @@ class Embedding(Module):
     Args:
         num_embeddings, embedding_dim: the table's shape.
         rng: seed or Generator of the N(0, 1) initial rows.
-        sparse: give ``weight.grad`` as a :class:`~mlsys_lab.engine.sparse.RowSparse` of the
-            touched rows instead of a dense table (``ml.optim.SGD``, ``Adagrad`` and
-            ``SparseAdam`` update only those rows).
+        sparse: ``True``: ``weight.grad`` is a :class:`~mlsys_lab.engine.sparse.RowSparse` of
+            the touched rows (``ml.optim.SGD``, ``Adagrad`` and ``SparseAdam`` update only
+            those rows; the other optimisers refuse it). ``False`` (the default): a dense
+            table, which every optimiser takes and which can be traced, compiled and
+            differentiated again (a ``sparse=True`` table's gradient cannot: that raises an
+            ``ArgumentError`` naming the op and the flag).
 
     Ids may be int32 or int64 and must lie in ``[0, num_embeddings)``: as in PyTorch, a
     negative id is an error (an ``ArgumentError`` naming the id and the table's rows, eager or
@@ -41,9 +49,7 @@ class Embedding(Module):
         self.sparse = _flag("Embedding", sparse)
 
     def forward(self, ids):
-        if not self.sparse:
-            return embedding(self.weight, ids)
-        return embedding_lookup(self.weight, ids, sparse=True)
+        return embedding(self.weight, ids, sparse=self.sparse)
 
 
 class EmbeddingBag(Module):
@@ -58,7 +64,8 @@ class EmbeddingBag(Module):
     Args:
         num_embeddings, embedding_dim: the table's shape.
         mode: ``"sum"`` or ``"mean"`` (PyTorch's default).
-        sparse: row-sparse ``weight.grad`` (see :class:`Embedding`).
+        sparse: ``True``: a row-sparse ``weight.grad``; ``False`` (the default): a dense one
+            (see :class:`Embedding`).
         rng: seed or Generator of the N(0, 1) initial rows.
         weight: an initial ``(num_embeddings, embedding_dim)`` array instead (copied).
         include_last_offset: 1-D calls pass ``len(offsets) = bags + 1`` offsets, the last one

@@ -1,11 +1,16 @@
 """Optimisers update parameters in place from their ``.grad`` (numpy arithmetic, no tape).
 
 A ``.grad`` may be a :class:`~mlsys_lab.engine.sparse.RowSparse` (an embedding table looked up
-with ``sparse=True``): SGD, Adagrad and SparseAdam then touch only its rows (``sparse_update``);
-the others refuse it, as PyTorch's do. The sparse updates merge duplicate rows
-(``RowSparse.merged``) and run one fused Numba read-modify-write over the touched rows
-(:mod:`mlsys_lab.kernels.embedding`), with the dense update's float operations, so a touched
-row ends as the dense optimiser would leave it.
+with ``sparse=True``) or a dense array (``sparse=False``, and every other parameter): the
+gradient's type alone picks the update. Given a RowSparse, SGD, Adagrad and SparseAdam touch
+only its rows (``sparse_update``), every other row and its state stay as they are; given a
+dense gradient, the whole table is updated. The others refuse a RowSparse (an
+``ArgumentError`` naming the optimiser and the ``sparse=True`` lookup), as PyTorch's do, rather
+than densify it; so do SGD with momentum or weight decay and Adagrad with weight decay, which
+would change every row, and SparseAdam refuses a dense gradient. The sparse updates merge
+duplicate rows (``RowSparse.merged``) and run one fused Numba read-modify-write over the
+touched rows (:mod:`mlsys_lab.kernels.embedding`), with the dense update's float operations,
+so a touched row ends as the dense optimiser would leave it.
 """
 
 import math
@@ -117,15 +122,18 @@ class Optimizer:
         """Update only rows ``g.indices`` of ``p`` from a RowSparse ``g`` (duplicate indices
         possible: an update that is not linear in ``g`` must ``g.coalesce()`` first)."""
         raise ArgumentError(f"{type(self).__name__} does not support sparse gradients (the "
-                            f"{p.shape} parameter has a RowSparse .grad); use SGD, Adagrad or "
-                            f"SparseAdam for it")
+                            f"{p.shape} parameter has a RowSparse .grad, from an embedding "
+                            f"lookup with sparse=True); use SGD, Adagrad or SparseAdam for it, "
+                            f"or look the table up with sparse=False for a dense gradient")
 
     def _no_sparse(self, *names):
         """Refuse hyper-parameters that would touch every row of a sparse parameter."""
         for n in names:
             if self.hyper[n]:
                 raise ArgumentError(f"{type(self).__name__}: {n}={self.hyper[n]!r} is not "
-                                    f"compatible with sparse gradients (it changes every row)")
+                                    f"compatible with sparse gradients (it changes every row; "
+                                    f"the RowSparse .grad comes from an embedding lookup with "
+                                    f"sparse=True, sparse=False gives a dense one)")
 
     def state_dict(self):
         """Hyper-parameters, step count and per-parameter state arrays (for ``ml.save``)."""
@@ -272,7 +280,8 @@ class SparseAdam(Optimizer):
 
     def update(self, p, g, st):
         raise ArgumentError(f"SparseAdam does not support dense gradients (parameter of shape "
-                            f"{p.shape}); use Adam for it")
+                            f"{p.shape}); use Adam for it, or look the table up with "
+                            f"sparse=True for a row-sparse gradient")
 
     def sparse_update(self, p, g, st):
         h = self.hyper

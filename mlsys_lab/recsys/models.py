@@ -54,7 +54,11 @@ class DLRM(nn.Module):
         num_dense: dense features (13, Criteo's).
         bottom: hidden sizes of the bottom MLP (13 -> 64 -> 16).
         top: hidden sizes of the top MLP before its single logit.
-        sparse: row-sparse gradients for the tables.
+        sparse: the tables' ``EmbeddingBag(sparse=)`` flag. ``True`` (the default, as big
+            tables are trained): each table's gradient is a RowSparse of the rows the batch
+            touched, for ``SparseAdam`` / ``Adagrad`` / ``SGD`` row updates or a parameter
+            server's push. ``False``: dense table gradients (any optimiser; a traced or
+            compiled training step, ``create_graph=True``, which refuse a row-sparse one).
         rng: seed of the initial weights.
     """
 
@@ -117,7 +121,8 @@ class TwoTower(nn.Module):
         num_users, num_items: id ranges.
         dim: embedding size; out: the towers' output size.
         temperature: the softmax temperature of the in-batch loss.
-        sparse: row-sparse gradients for the id embeddings.
+        sparse: the id embeddings' ``Embedding(sparse=)`` flag: ``True`` (the default) a
+            RowSparse gradient of the touched rows, ``False`` a dense one (see :class:`DLRM`).
     """
 
     def __init__(self, num_users, num_items, dim=32, out=16, temperature=0.1, sparse=True,

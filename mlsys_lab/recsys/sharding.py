@@ -164,7 +164,8 @@ class ShardedTables:
     def _push_plan(self, t, grad):
         if not isinstance(grad, RowSparse) or grad.shape != self.shapes[t]:
             raise ShapeError(f"ShardedTables.push: needs a RowSparse of shape "
-                             f"{self.shapes[t]} for table {t}, got {grad!r}")
+                             f"{self.shapes[t]} for table {t} (the gradient of a table looked "
+                             f"up with sparse=True: only its rows move), got {grad!r}")
         grad = grad.coalesce()
         ids = self._check(t, grad.indices, "push")
         values = grad.values.astype(self.dtype, copy=False)

@@ -277,6 +277,30 @@ def test_dlrm_table_gradients_are_row_sparse_and_training_lowers_the_loss():
         rs.bce_with_logits(ml.tensor(z), y).item(), rel=1e-4)
 
 
+@pytest.mark.parametrize("sparse", [True, False])
+def test_models_pass_their_sparse_flag_to_every_table(sparse):
+    """DLRM and TwoTower default to sparse=True (big tables: a row-sparse gradient, row
+    updates); sparse=False gives every table a dense gradient."""
+    log = rs.synthetic_click_log(64, [50] * 2, seed=0)
+    dense, ids, y = log.batch(np.arange(32))
+    kind = RowSparse if sparse else ml.Tensor
+    dlrm = rs.DLRM([50] * 2, dim=4, bottom=(8,), top=(8,), sparse=sparse, rng=0)
+    rs.bce_with_logits(dlrm(dense, ids), y).backward()
+    assert [type(t.grad) for t in dlrm.embedding_parameters()] == [kind, kind]
+    towers = rs.TwoTower(10, 20, dim=4, out=4, sparse=sparse, rng=0)
+    towers.in_batch_loss(np.array([1, 2, 3]), np.array([4, 4, 9])).backward()
+    assert [type(t.grad) for t in towers.embedding_parameters()] == [kind, kind]
+    assert [t.sparse for t in (*dlrm.tables, towers.user_emb, towers.item_emb)] == [sparse] * 4
+    ps = rs.ShardedTables([t.numpy() for t in dlrm.embedding_parameters()], 2, "row")
+    if sparse:  # a parameter server takes the touched rows
+        ps.push(0, dlrm.embedding_parameters()[0].grad, lr=0.1)
+        assert ps.bytes_pushed > 0
+    else:  # and refuses a dense table, naming the flag that gives the rows
+        with pytest.raises(ShapeError, match="sparse=True"):
+            ps.push(0, dlrm.embedding_parameters()[0].grad, lr=0.1)
+    assert rs.DLRM([5], dim=2, bottom=(), top=()).tables[0].sparse is True  # the default
+
+
 def test_dlrm_shapes_match_the_books_configuration():
     model = rs.DLRM([100] * 8, dim=16, bottom=(64,), top=(64, 32), rng=0)
     assert [p.shape for p in model.bottom.parameters()] == [(13, 64), (64,), (64, 16), (16,)]
