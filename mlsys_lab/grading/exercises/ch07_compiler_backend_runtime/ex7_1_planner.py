@@ -158,7 +158,6 @@ def _arena(raw, recs, what):
     return placed, arena
 
 
-
 def _gbs_book_judge(raw, seed):
     recs, unit = _book_lifetimes(seed)
     _, arena = _arena(raw, recs, "the 7-tensor example")
