@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -501,15 +502,20 @@ def test_checks_stamp_follows_the_check_sources(tmp_path, monkeypatch):
     stamp = release.checks_stamp(0)
     assert stamp.startswith("sha256:") and stamp == release.checks_stamp(0)
     assert stamp != release.checks_stamp(4)
-    copy = tmp_path / "grading"
-    copy.mkdir()
-    for path in (ROOT / "mlsys_lab" / "grading").glob("*.py"):
-        (copy / path.name).write_bytes(path.read_bytes())
-    monkeypatch.setattr(release, "_GRADING_DIR", copy)
+    copy = tmp_path / "mlsys_lab" / "grading"
+    shutil.copytree(ROOT / "mlsys_lab" / "grading", copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    real = release.module_file
+    monkeypatch.setattr(release, "module_file",
+                        lambda name: tmp_path / real(name).relative_to(ROOT))
     assert release.checks_stamp(0) == stamp and release.checks_stamp(4) != stamp
-    (copy / "ch04.py").write_text((copy / "ch04.py").read_text() + "\n# changed\n")
+    before = release.checks_stamp(4)
+    ex4_1 = copy / "exercises" / "ch04_computational_graph" / "ex4_1_toposort.py"
+    ex4_1.write_text(ex4_1.read_text() + "\n# changed\n")
+    assert release.checks_stamp(4) != before  # one exercise's module is part of its chapter's
     assert release.checks_stamp(0) == stamp  # chapter 4's checks are not chapter 0's
-    (copy / "judge.py").write_text((copy / "judge.py").read_text() + "\n# changed\n")
+    judge = copy / "core" / "judge.py"
+    judge.write_text(judge.read_text() + "\n# changed\n")
     changed = release.checks_stamp(0)
     assert changed != stamp  # the judges are part of every chapter's checks
     meta = {"mlsys_lab": {"chapter": 0, "release": {"version": "0.0.9", "checks": stamp}}}
@@ -518,7 +524,7 @@ def test_checks_stamp_follows_the_check_sources(tmp_path, monkeypatch):
     assert release.stamp_problem({"mlsys_lab": {"chapter": 0}}, None, "x") == ""
     assert "x carries no release stamp" in release.stamp_problem({"mlsys_lab": {"chapter": 0}},
                                                                  None, "x", require=True)
-    with pytest.raises(ArgumentError, match="chapter 99 has no check module"):
+    with pytest.raises(ArgumentError, match="chapter 99 has no exercises"):
         release.checks_stamp(99)
 
 

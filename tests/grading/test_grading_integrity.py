@@ -931,11 +931,11 @@ def _cheat_answers(ex_id: str, transform):
     ``transform`` (identity, _clone, _paste_padded) applied to the function that does the work."""
     from mlsys_lab.distributed import pipeline_parallel
     from mlsys_lab.engine.passes import frontend
-    from mlsys_lab.grading.exercises import ch02_introduction as ch02
-    from mlsys_lab.grading.exercises import ch03_programming_interface as ch03
-    from mlsys_lab.grading.exercises import ch07_compiler_backend_runtime as ch07
-    from mlsys_lab.grading.exercises import ch09_data_processing as ch09
-    from mlsys_lab.grading.exercises import ch10_model_deployment as ch10
+    from mlsys_lab.grading.exercises.ch02_introduction import ex2_1_train_epoch as ch02
+    from mlsys_lab.grading.exercises.ch03_programming_interface import ex3_3_functional as ch03
+    from mlsys_lab.grading.exercises.ch07_compiler_backend_runtime import ex7_3_scheduler as ch07
+    from mlsys_lab.grading.exercises.ch09_data_processing import ex9_3_bottleneck as ch09
+    from mlsys_lab.grading.exercises.ch10_model_deployment import ex10_1_bn_fold as ch10
     from mlsys_lab.recsys import metrics, sharding
 
     if ex_id == "3.3":

@@ -617,6 +617,13 @@ def _reference_codes() -> list[types.CodeType]:
     return out
 
 
+def _grading_module(filename: str) -> str:
+    """``.../mlsys_lab/grading/exercises/ch02_x/ex2_1_y.py`` -> its dotted module name."""
+    rel = os.path.relpath(os.path.splitext(os.path.realpath(filename))[0],
+                          os.path.dirname(os.path.dirname(_GRADING_DIR)))
+    return rel.replace(os.sep, ".").removesuffix(".__init__")
+
+
 def task_of(exercise) -> str:
     """How refusals name what the exercise asks for: its ``task``, else its target names."""
     return exercise.task or " and ".join(f"`{t}`" for t in exercise.targets)
@@ -652,8 +659,8 @@ def _make_plan(exercise) -> dict:
         if _where(ref) in used:
             used_fps.add(fingerprint(ref))
             continue
-        module = os.path.splitext(os.path.basename(ref.co_filename))[0]
-        label = f"`mlsys_lab.grading.{module}.{_qualname(ref)}` (the grader's own reference)"
+        where = f"{_grading_module(ref.co_filename)}.{_qualname(ref)}"
+        label = f"`{where}` (the grader's own reference)"
         code.append(_entry(ref, label))
     for entry in code:  # a probe helper with the same bytecode must not be refused
         if entry["fp"] in used_fps:
