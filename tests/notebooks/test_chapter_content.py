@@ -8,11 +8,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from mlsys_lab.grading.core.exercise import exercises_for_chapter
+from mlsys_lab.grading.exercises import CHAPTERS as CHAPTER_PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 NOTEBOOKS = CHAPTERS + sorted((ROOT / "solutions").glob("*.ipynb")) + sorted(
     (ROOT / "exercises").glob("*.ipynb")) + sorted(ROOT.glob("*.ipynb"))
-GRADING = sorted((ROOT / "mlsys_lab" / "grading").glob("ch[0-9][0-9].py"))
+EXERCISE_CHAPTERS = sorted(CHAPTER_PACKAGES)
 
 FENCE = re.compile(r"```.*?```", re.S)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -87,20 +90,9 @@ def test_no_unformatted_placeholders(path):
     assert not found, f"{path.name} shows placeholders that were never filled in: {found}"
 
 
-def exercise_targets(grading_module):
-    """Names the exercises of one grading module ask the student to define (``target=``)."""
-    names = set()
-    for node in ast.walk(ast.parse(grading_module.read_text())):
-        if not isinstance(node, ast.Call):
-            continue
-        for kw in node.keywords:
-            if kw.arg != "target":
-                continue
-            values = kw.value.elts if isinstance(kw.value, (ast.Tuple, ast.List)) else [kw.value]
-            for v in values:
-                if isinstance(v, ast.Constant) and isinstance(v.value, str):
-                    names.add(v.value.split(".")[0])
-    return names
+def exercise_targets(chapter: int) -> set[str]:
+    """Names the exercises of a chapter ask the student to define (``target``; ``A.b`` -> ``A``)."""
+    return {t.split(".")[0] for e in exercises_for_chapter(chapter) for t in e.targets}
 
 
 def defined_names(notebook):
@@ -121,34 +113,26 @@ def defined_names(notebook):
     return names
 
 
-def _chapter_for(grading_module):
-    number = grading_module.stem[2:]
-    return next(iter(sorted((ROOT / "chapters").glob(f"{number}_*.ipynb"))), None)
+def _chapter_for(number: int):
+    return next(iter(sorted((ROOT / "chapters").glob(f"{number:02d}_*.ipynb"))), None)
 
 
-PAIRS = [(g, _chapter_for(g)) for g in GRADING if _chapter_for(g) is not None]
+PAIRS = [(n, _chapter_for(n)) for n in EXERCISE_CHAPTERS if _chapter_for(n) is not None]
 
 
-def test_every_chapter_with_exercises_is_paired_with_its_grading_module():
+def test_every_chapter_with_exercises_is_paired_with_its_exercises():
     assert {c.name[:2] for _, c in PAIRS} >= {"02", "03", "04", "06", "07", "08", "09", "10", "11",
                                               "13"}
-    assert sum(len(exercise_targets(g)) for g, _ in PAIRS) >= 27
+    assert sum(len(exercise_targets(n)) for n, _ in PAIRS) >= 27
 
 
-def test_target_extraction_reads_single_and_tuple_targets(tmp_path):
-    module = tmp_path / "ch99.py"
-    module.write_text("EX = [Exercise(id='9.1', target='solve'), "
-                      "Exercise(id='9.2', target=('load', 'Model.fit')), f(target=3)]\n")
-    assert exercise_targets(module) == {"solve", "load", "Model"}
-
-
-@pytest.mark.parametrize("grading, chapter", PAIRS, ids=[c.name for _, c in PAIRS])
-def test_chapter_does_not_define_its_exercise_answers(grading, chapter):
-    targets = exercise_targets(grading)
-    assert targets, f"no exercise targets found in {grading.name}"
+@pytest.mark.parametrize("number, chapter", PAIRS, ids=[c.name for _, c in PAIRS])
+def test_chapter_does_not_define_its_exercise_answers(number, chapter):
+    targets = exercise_targets(number)
+    assert targets, f"no exercise targets found for chapter {number}"
     clashes = {name: cell for name, cell in defined_names(_read(chapter)).items()
                if name in targets}
     assert not clashes, (
         f"{chapter.name} defines {sorted(clashes)} (cells {sorted(clashes.values())}), the names "
-        f"the exercises in {grading.name} ask students to write: the chapter must run the "
+        f"the exercises of chapter {number} ask students to write: the chapter must run the "
         "library's version and explain the idea instead of handing out a working answer")
