@@ -7,9 +7,10 @@ and the ONNX-type lookup is derived by scanning the registry (:func:`.importer.i
 
 * :mod:`.mapping` — the records (:class:`OnnxMapping`, :class:`OnnxImport`),
   :func:`register_onnx`, the support table and the helpers every op family shares;
-* :mod:`.ops_elementwise`, :mod:`.ops_shape`, :mod:`.ops_nn` — the ``register_onnx`` calls by op
-  family, and :mod:`.qdq` — ``quantize_linear`` / ``dequantize_linear`` as ONNX
-  QuantizeLinear / DequantizeLinear; importing this package registers them all;
+* :mod:`.ops_elementwise`, :mod:`.ops_shape`, :mod:`.ops_nn`, :mod:`.ops_attention` — the
+  ``register_onnx`` calls by op family, and :mod:`.qdq` — ``quantize_linear`` /
+  ``dequantize_linear`` as ONNX QuantizeLinear / DequantizeLinear; importing this package
+  registers them all;
 * :mod:`.exporter` — a traced function, module or Graph as an ONNX model;
 * :mod:`.importer` — an ONNX model as a Graph of registry ops.
 
@@ -18,7 +19,13 @@ export then import gives the graph back. The ``onnx`` package (dev extra) is nee
 write or read a model; the mappings themselves need none.
 """
 
-from . import ops_elementwise, ops_nn, ops_shape, qdq  # noqa: F401 - register the mappings
+from . import (  # noqa: F401 - register the mappings
+    ops_attention,
+    ops_elementwise,
+    ops_nn,
+    ops_shape,
+    qdq,
+)
 from .exporter import EXPORT_OPSET, export_onnx, graph_to_onnx
 from .importer import StaticInputError, import_onnx, supported_onnx_ops
 from .mapping import OnnxImport, OnnxMapping, exportable_ops, register_onnx, support_table

@@ -22,7 +22,8 @@ except ImportError:  # pragma: no cover - exercised only where onnx is missing
 
 #: The opset of the default ONNX domain that exported models declare.
 EXPORT_OPSET = 18
-#: The ONNX IR version written (opset 18 belongs to IR 8; onnxruntime >= 1.14 reads it).
+#: The ONNX IR version written for the default opset (opset 18 belongs to IR 8; onnxruntime
+#: >= 1.14 reads it); a newer opset gets the IR version it needs (opset 23, ``Attention``: 11).
 IR_VERSION = 8
 #: The domain of nodes an exporter writes for an op that ONNX has no operator for.
 PRODUCER = "mlsys_lab"
@@ -127,6 +128,11 @@ def _value_info(ctx, value):
                                          list(value.shape))
 
 
+def _ir_version(opset):
+    """The IR version a model of ``opset`` declares: IR_VERSION, or the first that knows it."""
+    return max(IR_VERSION, helper.find_min_ir_version_for([helper.make_opsetid("", opset)]))
+
+
 def graph_to_onnx(graph, opset=EXPORT_OPSET, name=None):
     """``graph`` as an ONNX ``ModelProto`` (checked with ``onnx.checker``).
 
@@ -149,7 +155,7 @@ def graph_to_onnx(graph, opset=EXPORT_OPSET, name=None):
     model = helper.make_model(
         helper.make_graph(ctx.nodes, name or graph.name, inputs, outputs, ctx.initializers),
         opset_imports=[helper.make_opsetid("", opset)], producer_name=PRODUCER,
-        ir_version=IR_VERSION)
+        ir_version=_ir_version(opset))
     onnx.checker.check_model(model)
     return model
 

@@ -14,6 +14,7 @@ from .mapping import (
     register_onnx,
     scalar_like,
 )
+from .ops_attention import fold_attention
 
 
 # --- matmul and softmax --------------------------------------------------------------------------
@@ -24,7 +25,8 @@ def _ex_matmul(ctx, node):
 def _im_matmul(ctx, node, a):
     x, y = ctx.inputs(node)
     if len(x.shape) >= 2 and len(y.shape) >= 2:
-        return [ctx.emit("matmul", x, y)]
+        attention = fold_attention(ctx, x, y)  # softmax(scaled Q Kᵀ [+ mask]) @ V: one node
+        return [attention if attention is not None else ctx.emit("matmul", x, y)]
     if not x.shape or not y.shape:
         ctx.fail(node, "MatMul of a 0-d tensor")
     x2 = ctx.emit("reshape", x, shape=(1,) + x.shape) if len(x.shape) == 1 else x
