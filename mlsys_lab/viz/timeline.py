@@ -172,7 +172,7 @@ def _draw(ax, spans, order, *, title, subs, style, labels, legend, unit, origin,
         y = row - 0.36 + height * subs.index(s.kind) if subs else row - height / 2
         groups.setdefault((y, colour), []).append(((s.start - origin) / scale,
                                                    max(s.end - s.start, 0.0) / scale))
-        if labels and s.end - s.start >= span_width * _CHAR_WIDTH * (len(s.name) + 1):
+        if labels and s.name and s.end - s.start >= span_width * _CHAR_WIDTH * (len(s.name) + 1):
             left, right = (s.start - origin) / scale, (s.end - origin) / scale
             text = ax.text((left + right) / 2, row, s.name, ha="center", va="center",
                            fontsize=7, clip_on=True)

@@ -80,6 +80,7 @@ from ..comm import Communicator
 from .engine import Engine
 from .symbolic import SymbolicArray
 from .topology import Device, Topology, fully_connected, ring, tree, two_level
+from .trace import spans as trace_spans
 from .trace import trace_span
 
 __all__ = ["SHARING", "Cluster", "Device", "Result", "SimCommunicator", "SymbolicArray",
@@ -165,12 +166,20 @@ class Result:
         self.results = [agent.result for agent in ranks]
         self.rank_time = [agent.finish for agent in ranks]
         self.time = max((agent.finish for agent in engine.agents), default=0.0)  # tasks too
-        self.trace = engine.trace
+        self._recorded, self._trace = engine.trace, None
         topo = engine.topology
         self.link_busy = {topo.link_name(i): b for i, b in enumerate(engine.busy) if b > 0}
         self.messages, self.bytes = engine.messages, engine.bytes_sent
         self.unmatched = [(k[0], k[1], k[3], m[2]) for k, q in engine.mail.mailbox.items()
                           for m in q]
+
+    @property
+    def trace(self):
+        """The timeline: one :class:`~mlsys_lab.span.Span` per compute, send and receive, made
+        from what the event loop recorded when first read."""
+        if self._trace is None:
+            self._trace = trace_spans(self._recorded)
+        return self._trace
 
     def __repr__(self):
         return (f"<sim.Result: {len(self.results)} ranks, time {self.time:.6g} s, "
