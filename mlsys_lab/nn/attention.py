@@ -192,13 +192,15 @@ class MultiheadAttention(Module):
                                   q.dtype)
         p = self.dropout if self.training else 0.0
         weights = None
+        if mask is not None:
+            mask = as_tensor(mask, op="MultiheadAttention")
         if need_weights:
-            w = attention_weights(q, k, None if mask is None else Tensor._wrap(mask),
-                                  is_causal=causal, scale=1.0 / math.sqrt(self.head_dim))
+            w = attention_weights(q, k, mask, is_causal=causal,
+                                  scale=1.0 / math.sqrt(self.head_dim))
             y = ops.matmul(ops.dropout(w, p) if p else w, v)
             weights = ops.mean(w, axis=1) if average_attn_weights else w
         else:
-            args = () if mask is None else (Tensor._wrap(mask),)
+            args = () if mask is None else (mask,)
             y = ops.scaled_dot_product_attention(q, k, v, *args, is_causal=causal, dropout_p=p)
         out = self.out_proj(merge_heads(y))
         if unbatched:
