@@ -19,6 +19,7 @@ CHAPTERS = {
     10: "ch10_model_deployment",
     11: "ch11_distributed_training",
     13: "ch13_recommender_systems",
+    18: "ch18_llm_inference",
 }
 
 
