@@ -25,8 +25,8 @@ from ..errors import ArgumentError
 from ..span import Span
 from .timeline_view import _TAB10, _hex, _unit, timeline_model, timeline_view
 
-__all__ = ["plot_spans", "plot_timeline", "plot_timelines", "schedule_model", "schedule_widget",
-           "spans_model", "spans_widget"]
+__all__ = ["lane_order", "plot_spans", "plot_timeline", "plot_timelines", "schedule_model",
+           "schedule_widget", "spans_model", "spans_widget"]
 
 _CHAR_WIDTH = 0.0085  # fraction of the axis width one 7-pt character takes on a 9-inch figure
 _ROWS = 48            # a picture labels every lane up to this many, then every n-th
@@ -117,8 +117,9 @@ def plot_spans(spans, ax=None, *, title=None, lanes=None, subs=(), style=None, l
         spans: :class:`~mlsys_lab.span.Span` records, or ``{name: spans}`` for several runs one
             above the other on one time axis (each measured from its own first start).
         ax: draw into these axes (one run only).
-        lanes: the rows, top to bottom (default: the spans' lanes, sorted naturally); spans on
-            other lanes are left out.
+        lanes: the rows, top to bottom (default: :func:`lane_order`: lanes differing only in
+            their numbers in numeric order, such groups in the order they start); spans on other
+            lanes are left out.
         subs: kinds drawn as thin sub-lanes of every row (e.g. compute / send / recv); spans of
             other kinds are left out. Empty: one bar per row.
         style: a bar's legend name and colour: None (its kind, a colour hashed from it), a dict
