@@ -232,6 +232,16 @@ def test_speculative_wrong_ideas_fail_the_distribution(how):
         fails(result, "the emitted token is distributed exactly")
 
 
+def test_speculative_through_the_library_is_refused():
+    from mlsys_lab.llm import speculative
+
+    def through_the_library(p, q, draft, u, sample):
+        speculative.residual(p[0], q[0])
+        return speculative_verify(p, q, draft, u, sample)
+
+    assert refused(run_cases("18.3", through_the_library, seed=0)), "the library ran"
+
+
 def test_speculative_own_random_source_fails():
     rng = np.random.default_rng(0)
 

@@ -135,6 +135,7 @@ register(
             "mlsys_lab.engine.ops_attention",
             "mlsys_lab.kernels.attention",
             "mlsys_lab.nn.attention",
+            "mlsys_lab.llm.kv_cache",
         ),
         cases=(
             Case("the first token attends to itself", 1,

@@ -16,7 +16,8 @@ draft's likely tokens); the residual without normalisation, or ``p − q`` witho
 ``max(0, ·)``; going on after a rejection; forgetting the bonus token after γ acceptances; using
 another random source than ``u`` and ``sample``. The last case computes, from the answer's own
 decisions and residuals, the exact distribution of the first emitted token and compares it with
-the target's to 1e-12.
+the target's to 1e-12. ``forbidden`` is the library's whole speculative module (its
+``verify``, ``residual`` and ``acceptance_probability`` each do a part of the exercise).
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ register(
         title="The acceptance rule of speculative sampling",
         target="speculative_verify",
         task="the speculative acceptance rule",
-        forbidden=(),
+        forbidden=("mlsys_lab.llm.speculative",),
         cases=(
             Case("accept while u < min(1, p/q)", 2,
                  feedback="accept token x with probability min(1, p(x)/q(x))",
