@@ -171,7 +171,8 @@ def _draw(ax, spans, order, *, title, subs, style, labels, legend, unit, origin,
         name, colour = styler(s)
         colours.setdefault(name, colour)
         y = row - 0.36 + height * subs.index(s.kind) if subs else row - height / 2
-        wide = s.end - s.start > 0.004 * span_width      # a narrow bar's outline hides its colour
+        wide = s.end - s.start > 0.004 * span_width  # narrow: outlined in its own colour (a
+        # black outline would hide it; none would hide a zero-length launch)
         groups.setdefault((y, colour, wide), []).append(((s.start - origin) / scale,
                                                          max(s.end - s.start, 0.0) / scale))
         if labels and s.name and s.end - s.start >= span_width * _CHAR_WIDTH * (len(s.name) + 1):
@@ -181,8 +182,8 @@ def _draw(ax, spans, order, *, title, subs, style, labels, legend, unit, origin,
             texts.append((text, left, right))
     thin = len(order) > 16 or subs
     for (y, colour, wide), bars in groups.items():
-        ax.broken_barh(bars, (y, height), color=colour, edgecolor="black" if wide else "none",
-                       linewidth=0.2 if thin else 0.5)
+        ax.broken_barh(bars, (y, height), facecolor=colour,
+                       edgecolor="black" if wide else colour, linewidth=0.2 if thin else 0.5)
     step = -(-len(order) // _ROWS)
     ax.set_yticks(range(0, len(order), step), [str(lane) for lane in order[::step]],
                   fontsize=6 if len(order) > 16 else 7)
