@@ -945,6 +945,16 @@ def _cheat_answers(ex_id: str, transform):
             _, g = ref(params, X, y)
             return {k: params[k] - lr * g[k] for k in params}
         return (_softmax_loss, sgd_step)
+    if ex_id == "18.3":
+        from mlsys_lab.llm import speculative
+        res = transform(speculative.residual)
+
+        def speculative_verify(p, q, draft, u, sample):
+            for i, x in enumerate(draft):
+                if u[i] >= min(1.0, p[i][x] / q[i][x]):
+                    return list(draft[:i]) + [sample(res(p[i], q[i]))]
+            return list(draft) + [sample(p[len(draft)])]
+        return (speculative_verify,)
     if ex_id == "8.3":
         from mlsys_lab.kernels import roofline
         return (transform(roofline.tile_intensity),
@@ -988,6 +998,15 @@ def test_h1_a_clone_claiming_a_library_file_is_refused(ex_id, monkeypatch):
         rows = _idea_rows(result, ex_id)
         assert all(row.points == 0 for row in rows), result.report()
         assert "off limits" in _feedback(result), result.report()
+
+
+def test_h1_a_clone_of_a_small_library_function_is_refused_under_its_own_name(monkeypatch):
+    """18.3's library helpers are small (``residual`` is 32 normalised instructions, under
+    ``guard.DISTINCTIVE``): a clone keeping its name is refused; a renamed one is, by design,
+    not told apart from the student writing those three lines (which is the idea itself)."""
+    _passes_unguarded("18.3", _cheat_answers("18.3", lambda f: f), monkeypatch)
+    result = run_cases("18.3", *_cheat_answers("18.3", _clone), seed=3)
+    assert result.score == 0 and "is a copy of its code" in _feedback(result), result.report()
 
 
 def test_h1_a_library_module_compiled_under_a_stdlib_name_is_refused():
@@ -1159,7 +1178,7 @@ def _stub(*args, **kwargs):
     raise NotImplementedError("stub")
 
 
-H4_EXERCISES = ["2.1", "3.3", "4.1", "6.3", "7.3", "8.3", "9.3", "10.1", "11.2", "13.2"]
+H4_EXERCISES = ["2.1", "3.3", "4.1", "6.3", "7.3", "8.3", "9.3", "10.1", "11.2", "13.2", "18.3"]
 
 
 @pytest.mark.parametrize("ex_id", H4_EXERCISES)
