@@ -55,6 +55,10 @@ class Kernel:
             holds it to that. A kernel that changes the algorithm (Winograd) or rounds
             differently (generated fused loops, within 1 ulp) never sets it: selection may
             choose it for compiled graphs only.
+        workspace: ``workspace(avals, out, attrs) -> int``, the bytes of scratch memory the
+            kernel holds while it runs besides its inputs and output (tiles, per-thread
+            buffers, a saved log-sum-exp); None: none. The memory planner books it at the
+            node's step (:func:`~.memory.lifetimes`), so a plan's peak counts it.
     """
 
     name: str
@@ -62,6 +66,7 @@ class Kernel:
     accepts: Callable = lambda avals, out, attrs: None
     exact: bool = False
     eager: bool = False
+    workspace: Callable | None = None
 
 
 @dataclass
@@ -211,7 +216,7 @@ def get(name: str) -> Op:
 def register_impl(op_name: str, device: str, out_fn: Callable, *, name: str,
                   accepts: Callable | None = None, dtypes=(), max_inputs: int | None = None,
                   max_ndim: int | None = None, returns: bool = False, exact: bool = False,
-                  eager: bool = False) -> Kernel:
+                  eager: bool = False, workspace: Callable | None = None) -> Kernel:
     """Register a kernel of ``op_name`` on ``device``, for operator selection to choose.
 
     The kernel joins the end of ``Op.impls[device]`` (those registered earlier are preferred),
@@ -234,6 +239,8 @@ def register_impl(op_name: str, device: str, out_fn: Callable, *, name: str,
         exact: the kernel is bit-identical to the op's ``compute`` (see :class:`Kernel`).
         eager: eager dispatch may run it in place of ``compute`` (see :class:`Kernel` for the
             rule: exact, or differing only in summation order).
+        workspace: ``workspace(avals, out, attrs) -> bytes`` of scratch memory it holds while
+            it runs (see :class:`Kernel`).
 
     Returns:
         The registered :class:`Kernel`.
@@ -255,7 +262,7 @@ def register_impl(op_name: str, device: str, out_fn: Callable, *, name: str,
         run.__wrapped__ = out_fn  # what it runs, for readers and the explain-matches-code test
     else:
         run = out_fn
-    kernel = Kernel(name, run, check, exact=bool(exact), eager=bool(eager))
+    kernel = Kernel(name, run, check, exact=bool(exact), eager=bool(eager), workspace=workspace)
     op = get(op_name)
     impls = op.impls.setdefault(device, [])
     same = [i for i, k in enumerate(impls) if k.name == name]

@@ -54,7 +54,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from ..engine.numba_cache import CACHE
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError
 from . import cpu_config
 
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -115,6 +115,16 @@ def attention_blocks(e: int, ev: int | None = None, dtype=np.float32,
             f"(L2 {caches.l2 >> 10} KiB from {caches.source}); Bc = ⌊M/4d⌋ = ⌊{budget // size}"
             f"/(4·{d})⌋ = {raw} -> {bc}, Br = min(Bc, d) = {br}")
     return Blocks(br, bc, budget, rule)
+
+
+def fitted_blocks(e: int, ev: int, length: int, keys: int, dtype=np.float32) -> Blocks:
+    """:func:`attention_blocks` for this machine, no larger than the problem: ``Bc`` at most
+    ``keys`` rounded up to 16, ``Br`` at most ``length`` (a short sequence allocates short
+    tiles)."""
+    b = attention_blocks(e, ev, dtype)
+    bc = min(b.bc, max(-(-keys // 16) * 16, MIN_BLOCK))
+    br = max(min(b.br, length), 1)
+    return b if (br, bc) == (b.br, b.bc) else dataclasses.replace(b, br=br, bc=bc)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -577,7 +587,7 @@ def _prepare(q, k, v, attn_mask, is_causal, scale, enable_gqa, blocks):
         kind = ADD_MASK
     if scale is None:
         scale = 1.0 / math.sqrt(E) if E else 1.0
-    blocks = blocks if blocks is not None else attention_blocks(E, v.shape[-1], dtype)
+    blocks = blocks if blocks is not None else fitted_blocks(E, v.shape[-1], L, S, dtype)
     return _Problem(stack(q), stack(k), stack(v), mask, qi, ki, vi, mi, kind, bool(is_causal),
                     dtype.type(scale), tuple(batch), blocks)
 
@@ -671,3 +681,44 @@ def attention_backward(g, q, k, v, out, lse, attn_mask=None, *, is_causal=False,
     q, k, v = (np.asarray(a) for a in (q, k, v))
     return (_sum_to(dq, pb.qi, q.shape), _sum_to(dk, pb.ki, k.shape),
             _sum_to(dv, pb.vi, v.shape))
+
+
+# ------------------------------------------------------------------------------------------------
+# As the op's kernel: out_fn and the workspace it declares
+# ------------------------------------------------------------------------------------------------
+
+
+def attention_out(out, q, k, v, *mask, is_causal=False, scale=None, enable_gqa=False):
+    """``out_fn`` of ``scaled_dot_product_attention`` (inputs ``q, k, v[, mask]``): the tiled
+    forward written into ``out``; the log-sum-exp is computed and dropped (the op's VJP
+    recomputes what it needs)."""
+    attention_forward(q, k, v, mask[0] if mask else None, is_causal=is_causal, scale=scale,
+                      enable_gqa=enable_gqa, out=out)
+
+
+def forward_workspace(avals, out, attrs=None, threads: int | None = None) -> int:
+    """Bytes :func:`attention_out` holds besides its inputs and output: per thread a transposed
+    key tile (E × Bc), a score row (Bc) and the running max and sum (Br each); the row
+    log-sum-exp (heads × L); the per-head index arrays; and a bool mask turned into 0 / −∞ (the
+    mask's own size in q's dtype). O(L), never L × S.
+
+    Args:
+        avals: the inputs' shapes and dtypes (q, k, v[, mask]).
+        out: the output's shape and dtype.
+        attrs: the node's attributes (unused: the sizes do not depend on them).
+        threads: the threads the kernel runs on (default Numba's current count).
+    """
+    q, v = avals[0], avals[2]
+    size = np.dtype(q.dtype).itemsize
+    heads, L = math.prod(out.shape[:-2]), out.shape[-2]
+    if not heads or not L:
+        return 0
+    e = q.shape[-1]
+    blocks = fitted_blocks(e, v.shape[-1], L, avals[1].shape[-2], q.dtype)
+    items = heads * -(-L // blocks.br)
+    threads = _threads(items) if threads is None else max(min(threads, items), 1)
+    per_thread = (e * blocks.bc + blocks.bc + blocks.br) * size + blocks.br * 8
+    total = threads * per_thread + heads * L * size + 4 * heads * 8
+    if len(avals) == 4 and np.dtype(avals[3].dtype) == np.bool_:
+        total += math.prod(avals[3].shape) * size
+    return int(total)

@@ -10,17 +10,20 @@ never imports them. Within an op, the kernels registered first are preferred, an
   gradients — and pooling with its gradients as Numba loops (:mod:`.pooling`).
 * ``cpu``: the embedding-bag gather with software prefetch (:mod:`.embedding`; its optimiser row
   updates are called by :mod:`mlsys_lab.optim` directly).
+* ``cpu``: scaled dot-product attention as the tiled online-softmax (FlashAttention-2) forward
+  (:mod:`.attention`), which declares its O(L) workspace so the memory planner counts it.
 
 Eager mode runs the kernels flagged ``eager`` (see :class:`~mlsys_lab.engine.registry.Kernel`):
 img2col convolution and its gradients (they differ from the reference only in the order of the
 GEMMs' sums), max pooling with its VJP and JVP, and the embedding-bag gather (bit-identical).
 Winograd changes the arithmetic and average pooling rounds differently, so they serve compiled
-graphs only.
+graphs only; so does the tiled attention kernel (its online softmax rescales partial sums, a
+different rounding from the reference's one softmax).
 """
 
 from ..engine.passes.fusion import ops as _fused_ops  # noqa: F401  (registers fused_conv)
 from ..engine.registry import register_impl
-from . import conv_gemm, embedding, pooling, winograd  # noqa: F401  (embedding registers itself)
+from . import attention, conv_gemm, embedding, pooling, winograd  # noqa: F401  (embedding registers itself)
 
 
 def _cpu_matmul(a, b):
@@ -92,3 +95,7 @@ for _op, _kernel, _exact, _eager in (
         ("avg_pool2d_grad", pooling.avg_pool2d_grad_out, False, False)):
     register_impl(_op, "cpu", _kernel, name=f"numba.{_op.replace('2d', '')}",
                   accepts=_FLOATS, exact=_exact, eager=_eager)
+
+register_impl("scaled_dot_product_attention", "cpu", attention.attention_out,
+              name="numba.flash_attention", dtypes=("float32", "float64"),
+              workspace=attention.forward_workspace)

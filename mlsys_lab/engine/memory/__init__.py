@@ -6,14 +6,14 @@ with disjoint lifetimes may reuse them. ``verify`` checks that; ``lower_bound`` 
 plan is. Eager mode cannot see the future, so it uses ``CachingAllocator``, which caches frees.
 
 Modules: ``records`` (Lifetime, MemoryPlan), ``strategies`` (the placement algorithms),
-``planner`` (plan, verify, bounds), ``lifetimes`` (records from a scheduled graph, in-place
-pairs), ``allocator`` (the caching allocator of eager mode).
+``planner`` (plan, verify, bounds), ``lifetimes`` (records from a scheduled graph, kernels'
+declared workspaces included, in-place pairs), ``allocator`` (the caching allocator of eager mode).
 """
 
 from .allocator import Block, CachingAllocator, track_memory
-from .lifetimes import inplace_pairs, lifetimes
+from .lifetimes import inplace_pairs, lifetimes, workspace_bytes
 from .planner import check_strategy, lower_bound, naive_size, plan, verify
-from .records import Lifetime, MemoryPlan
+from .records import Lifetime, MemoryPlan, Workspace
 from .strategies import (
     LOCAL_SEARCH_WORK,
     LONG_LIVED_FRACTION,
@@ -30,6 +30,8 @@ from .strategies import (
 __all__ = [
     "Lifetime",
     "MemoryPlan",
+    "Workspace",
+    "workspace_bytes",
     "STRATEGIES",
     "LONG_LIVED_FRACTION",
     "LOCAL_SEARCH_WORK",

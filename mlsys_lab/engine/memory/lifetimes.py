@@ -11,15 +11,35 @@ import numpy as np
 from mlsys_lab.errors import GraphError
 
 from ..registry import REGISTRY
-from .records import Lifetime
+from .records import Lifetime, Workspace
 
 
 def _nbytes(value) -> int:
     return math.prod(value.shape) * np.dtype(value.dtype).itemsize
 
 
+def workspace_bytes(node) -> int:
+    """The scratch bytes the kernel selected for ``node`` declares (``Kernel.workspace``; 0
+    when the node has no selected kernel or the kernel declares none).
+
+    Raises:
+        GraphError: the declaration is not a non-negative int.
+    """
+    kernel = getattr(node, "meta", {}).get("kernel")
+    declare = getattr(kernel, "workspace", None)
+    if declare is None:
+        return 0
+    avals = [v.aval for v in node.inputs]
+    size = declare(avals, node.outputs[0].aval, node.attrs)
+    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 0:
+        raise GraphError(f"node {node!r}: kernel {kernel.name} declares a workspace of "
+                         f"{size!r}; it must be an int >= 0 (bytes)")
+    return int(size)
+
+
 def lifetimes(
-    graph, order=None, include_inputs: bool = True, long_lived: Iterable = ()
+    graph, order=None, include_inputs: bool = True, long_lived: Iterable = (),
+    workspace: bool = True,
 ) -> list[Lifetime]:
     """Lifetime records for every value of a scheduled graph, keyed by the ``Value`` itself.
 
@@ -29,12 +49,17 @@ def lifetimes(
     from step 0 to the last step and are flagged ``long_lived``; pass
     ``include_inputs=False`` to leave them out (the caller owns their memory).
 
+    A node whose selected kernel declares scratch memory (``Kernel.workspace``: a tiled
+    attention kernel's tiles, say) gets one more record, keyed by a :class:`Workspace`, live at
+    that node's step only; so the plan's peak counts what the kernel really holds.
+
     Args:
         graph: An object with ``inputs``, ``outputs``, ``nodes`` and ``consts``; nodes have
             ``inputs`` and ``outputs``; values have ``shape`` and ``dtype``.
         order: A topological order of the nodes (a list of nodes).
         include_inputs: Whether graph inputs and constants get records.
         long_lived: Further values to flag ``long_lived`` (for the ``two_cursor`` strategy).
+        workspace: Whether declared kernel workspaces get records.
 
     Raises:
         GraphError: a node reads a value that no earlier node, input or constant provides.
@@ -56,9 +81,16 @@ def lifetimes(
         death[v] = last_step
     flagged = set(long_lived) | set(external)
     skip = set() if include_inputs else set(external)
-    return [
+    records = [
         Lifetime(v, _nbytes(v), birth[v], death[v], v in flagged) for v in birth if v not in skip
     ]
+    if workspace:
+        for step, node in enumerate(nodes):
+            size = workspace_bytes(node)
+            if size:
+                ws = Workspace(node, size, node.meta["kernel"].name)
+                records.append(Lifetime(ws, size, step, step))
+    return records
 
 
 def _op_name(node) -> str:

@@ -44,6 +44,31 @@ class Lifetime:
         return self.start <= other.end and other.start <= self.end
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """The id of a kernel's scratch memory in a :class:`Lifetime`: what the kernel selected for
+    ``producer`` (a graph node) declares through ``Kernel.workspace``, live at that node's step
+    only. It quacks like a graph value where the planner's readers look (``name``,
+    ``producer``, ``nbytes``).
+
+    Attributes:
+        producer: the node whose kernel holds the memory.
+        nbytes: its size in bytes.
+        kernel: the kernel's name.
+    """
+
+    producer: object
+    nbytes: int
+    kernel: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"workspace#{getattr(self.producer, 'id', '?')}"
+
+    def __repr__(self):
+        return f"{self.name}({self.kernel}, {self.nbytes} B)"
+
+
 @dataclass
 class MemoryPlan:
     """Where each tensor lives in one arena.
