@@ -506,6 +506,7 @@ class _Problem:
     scale: object
     batch: tuple
     blocks: Blocks
+    mask_stack: np.ndarray  # the mask's own (stacks, 1 or L, 1 or S) array, mask its broadcast
 
     @property
     def heads(self):
@@ -567,8 +568,8 @@ def _prepare(q, k, v, attn_mask, is_causal, scale, enable_gqa, blocks):
 
     qi, ki, vi = _stack_index(q.shape[:-2], batch), index(ks), index(vs)
     if attn_mask is None:
-        mask, mi, kind = np.zeros((1, 1, 1), dtype), np.zeros(len(qi), np.int64), NO_MASK
-        mask = np.broadcast_to(mask, (1, L, S))  # the type a mask has: one compiled kernel
+        mask_stack, mi, kind = np.zeros((1, 1, 1), dtype), np.zeros(len(qi), np.int64), NO_MASK
+        mask = np.broadcast_to(mask_stack, (1, L, S))  # the type a mask has: one compiled kernel
     else:
         mask = np.asarray(attn_mask)
         if mask.dtype != np.bool_ and mask.dtype != dtype:
@@ -583,13 +584,14 @@ def _prepare(q, k, v, attn_mask, is_causal, scale, enable_gqa, blocks):
         mi = _stack_index(mask.shape[:-2], batch)
         if mask.dtype == np.bool_:  # as a bias of 0 / -inf: one compiled kernel for both kinds
             mask = np.where(mask, dtype.type(0), dtype.type(-np.inf))
-        mask = np.broadcast_to(stack(mask), (math.prod(mask.shape[:-2]), L, S))
+        mask_stack = stack(mask)
+        mask = np.broadcast_to(mask_stack, (mask_stack.shape[0], L, S))
         kind = ADD_MASK
     if scale is None:
         scale = 1.0 / math.sqrt(E) if E else 1.0
     blocks = blocks if blocks is not None else fitted_blocks(E, v.shape[-1], L, S, dtype)
     return _Problem(stack(q), stack(k), stack(v), mask, qi, ki, vi, mi, kind, bool(is_causal),
-                    dtype.type(scale), tuple(batch), blocks)
+                    dtype.type(scale), tuple(batch), blocks, mask_stack)
 
 
 def _threads(items):

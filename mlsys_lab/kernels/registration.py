@@ -10,8 +10,9 @@ never imports them. Within an op, the kernels registered first are preferred, an
   gradients — and pooling with its gradients as Numba loops (:mod:`.pooling`).
 * ``cpu``: the embedding-bag gather with software prefetch (:mod:`.embedding`; its optimiser row
   updates are called by :mod:`mlsys_lab.optim` directly).
-* ``cpu``: scaled dot-product attention as the tiled online-softmax (FlashAttention-2) forward
-  (:mod:`.attention`), which declares its O(L) workspace so the memory planner counts it.
+* ``cpu`` / ``cuda``: scaled dot-product attention as the tiled online-softmax (FlashAttention-2)
+  forward (:mod:`.attention`, :mod:`.attention_cuda`); the CPU kernel declares its O(L)
+  workspace so the memory planner counts it.
 
 Eager mode runs the kernels flagged ``eager`` (see :class:`~mlsys_lab.engine.registry.Kernel`):
 img2col convolution and its gradients (they differ from the reference only in the order of the
@@ -96,6 +97,16 @@ for _op, _kernel, _exact, _eager in (
     register_impl(_op, "cpu", _kernel, name=f"numba.{_op.replace('2d', '')}",
                   accepts=_FLOATS, exact=_exact, eager=_eager)
 
+def _cuda_attention(q, k, v, *mask, is_causal=False, scale=None, enable_gqa=False):
+    from . import attention_cuda
+
+    return attention_cuda.attention_forward(q, k, v, mask[0] if mask else None,
+                                            is_causal=is_causal, scale=scale,
+                                            enable_gqa=enable_gqa)[0]
+
+
+register_impl("scaled_dot_product_attention", "cuda", _cuda_attention,
+              name="cuda.flash_attention", returns=True, dtypes=("float32", "float64"))
 register_impl("scaled_dot_product_attention", "cpu", attention.attention_out,
               name="numba.flash_attention", dtypes=("float32", "float64"),
               workspace=attention.forward_workspace)

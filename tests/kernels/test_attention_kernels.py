@@ -189,3 +189,44 @@ def test_workspace_is_linear_in_length_and_small_at_8192():
     assert declared(4096) - declared(2048) == 2 * (declared(2048) - declared(1024))  # affine
     one_head_scores = 8192 * 8192 * 4
     assert declared(8192) <= one_head_scores / 50
+
+
+# --- the CUDA forward, under Numba's CUDA simulator (tests/conftest.py) at tiny tiles ---------
+CUDA_CASES = [
+    ((2, 7, 5), (2, 9, 5), (2, 9, 3), None, False, False),
+    ((2, 9, 5), (2, 6, 5), (2, 6, 3), None, True, False),
+    ((2, 7, 5), (2, 9, 5), (2, 9, 3), ((7, 9), "dead"), False, False),
+    ((1, 4, 3, 5), (1, 2, 6, 5), (1, 2, 6, 3), ((1, 3, 6), "add"), False, True),
+]
+
+
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[f"case{i}" for i in range(len(CUDA_CASES))])
+def test_cuda_forward_matches_exact_attention_under_the_simulator(case):
+    from mlsys_lab.kernels import attention_cuda
+
+    if not attention_cuda.simulator_enabled():
+        pytest.skip("runs under NUMBA_ENABLE_CUDASIM=1 (tests/conftest.py sets it)")
+    q, k, v, mask, g, attrs = _case(case, np.float32)
+    out, lse = attention_cuda.attention_forward(q, k, v, mask, **attrs)
+    want_out, want_lse, _ = _reference(q, k, v, mask, g, attrs)
+    _close(out, want_out, np.float32, "out")
+    assert np.array_equal(np.isneginf(lse), np.isneginf(want_lse))
+    live = np.isfinite(want_lse)
+    _close(lse[live], want_lse[live], np.float32, "lse")
+
+
+def test_cuda_selection_picks_the_cuda_kernel():
+    from mlsys_lab.kernels import attention_cuda
+
+    if not attention_cuda.simulator_enabled():
+        pytest.skip("runs under NUMBA_ENABLE_CUDASIM=1 (tests/conftest.py sets it)")
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 2, 6, 4)).astype(np.float32) for _ in range(3))
+
+    def f(q, k, v):
+        return ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    c = ml.compile(f, q, k, v, device="cuda")
+    assert "cuda.flash_attention" in c.explain()
+    want = attention_reference(*(a.astype(np.float64) for a in (q, k, v)), is_causal=True)
+    np.testing.assert_allclose(c(q, k, v), want, atol=2e-6)
