@@ -1355,6 +1355,93 @@ spec(OP_SDPA,
      _sdpa("matrices", [(3, 4), (5, 4), (5, 2)]))
 
 
+
+def _sdpa_weights_ref(q, k, mask, is_causal, scale, gqa):
+    """The attention weights row by row in float64 (zero rows where no key takes part), with
+    q, k broadcast to the output's batch and k's heads repeated."""
+    q, k = f64(q), f64(k)
+    if gqa:
+        k = np.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
+    L, S = q.shape[-2], k.shape[-2]
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    if mask is not None:
+        batch = np.broadcast_shapes(batch, mask.shape[:-2])
+    bias = np.zeros((L, S)) if mask is None else (
+        np.where(mask, 0.0, -INF) if mask.dtype == bool else f64(mask))
+    if is_causal:
+        bias = bias + np.where(np.tril(np.ones((L, S))) > 0, 0.0, -INF)
+    s = scale * (np.broadcast_to(q, batch + q.shape[-2:]) @
+                 np.swapaxes(np.broadcast_to(k, batch + k.shape[-2:]), -1, -2)) + bias
+    p = np.zeros(s.shape)
+    for idx in np.ndindex(*s.shape[:-1]):
+        row = s[idx]
+        take = row != -INF
+        if take.any():
+            w = np.exp(row[take] - row[take].max())
+            p[idx][take] = w / w.sum()
+    return p
+
+
+def _sum_back(d, shape, gqa):
+    if gqa:
+        h = shape[-3]
+        d = d.reshape(d.shape[:-3] + (h, d.shape[-3] // h) + d.shape[-2:]).sum(-3)
+    d = d.sum(axis=tuple(range(d.ndim - len(shape)))) if d.ndim > len(shape) else d
+    return d.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1), keepdims=True)
+
+
+def sdpa_grad_ref(g, q, k, v, mask=None, is_causal=False, scale=None, gqa=False):
+    """d<g, attention>/d(q, k, v) packed into one vector (float64, by the textbook formulas
+    on the weights of :func:`_sdpa_weights_ref`)."""
+    g, q, k, v = f64(g), f64(q), f64(k), f64(v)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    p = _sdpa_weights_ref(q, k, mask, is_causal, scale, gqa)
+    rep = q.shape[-3] // k.shape[-3] if gqa else 1
+    kk = np.repeat(k, rep, axis=-3) if gqa else k
+    vv = np.repeat(v, rep, axis=-3) if gqa else v
+    dp = g @ np.swapaxes(vv, -1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    dq, dk = scale * ds @ kk, scale * np.swapaxes(ds, -1, -2) @ q
+    dv = np.swapaxes(p, -1, -2) @ g
+    parts = [_sum_back(dq, q.shape, False), _sum_back(dk, k.shape, gqa),
+             _sum_back(dv, v.shape, gqa)]
+    return np.concatenate([a.reshape(-1) for a in parts])
+
+
+def _sdpa_grad(name, shapes, mask=None, diff=None, dtype=F64, **kw):
+    """A case of the packed gradient op: ``shapes`` of g, q, k, v."""
+    attrs = {a: kw.pop(a) for a in ("is_causal", "scale", "enable_gqa") if a in kw}
+    e = shapes[1][-1]
+    full = dict(is_causal=False, scale=1.0 / np.sqrt(e), enable_gqa=False) | attrs
+
+    def make(r):
+        return [rn(r, *s).astype(dtype) for s in shapes] + ([mask(r)] if mask else [])
+
+    def fn(*xs):
+        return apply(get(OP_SDPA + "_grad"), *xs, **full)
+
+    def ref(g, q, k, v, *m):
+        return sdpa_grad_ref(g, q, k, v, m[0] if m else None, full["is_causal"],
+                             full["scale"], full["enable_gqa"])
+
+    n = 4 + (mask is not None)
+    return _mk(OP_SDPA + "_grad", name, fn, make, ref=ref,
+               diff=tuple(range(n)) if diff is None else diff, rtol=kw.pop("rtol", 50), **kw)
+
+
+spec(OP_SDPA + "_grad",
+     _sdpa_grad("basic", [(2, 3, 2), (2, 3, 4), (2, 4, 4), (2, 4, 2)], second=True),
+     _sdpa_grad("bool_mask_dead_row", [(1, 2, 4, 2), (1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2)],
+                mask=_bool_mask((4, 5)), diff=(0, 1, 2, 3)),
+     _sdpa_grad("additive_mask", [(2, 4, 2), (2, 4, 3), (2, 5, 3), (2, 5, 2)],
+                mask=_additive_mask((4, 5)), second=True),
+     _sdpa_grad("causal_gqa_f32", [(1, 4, 3, 2), (1, 4, 3, 2), (1, 2, 3, 2), (1, 2, 3, 2)],
+                is_causal=True, enable_gqa=True, dtype=F32),
+     _sdpa_grad("broadcast_batch", [(2, 2, 3, 2), (2, 2, 3, 2), (1, 2, 4, 2), (2, 1, 4, 2)],
+                scale=0.8),
+     _sdpa_grad("no_keys", [(2, 3, 2), (2, 3, 4), (2, 0, 4), (2, 0, 2)]))
+
+
 # --- deployment: quantisation ops (mlsys_lab.deploy.quant and quant.int8_kernels) ----------------
 
 U8, I32 = np.dtype(np.uint8), np.dtype(np.int32)

@@ -28,15 +28,27 @@ One :func:`~.registry.defop`, ``"scaled_dot_product_attention"``: inputs ``(q, k
 * ``enable_gqa``: bool.
 
 ``compute`` is the numpy reference (:func:`attention_reference`, a stable softmax in the inputs'
-dtype). The VJP and JVP are written in framework ops (matmul, softmax, where), recomputing the
-weights from ``q``, ``k`` and the mask, so gradients of gradients work everywhere (tape, graph
-autodiff, forward mode, compiled).
+dtype). The JVP is written in framework ops (matmul, softmax, where), recomputing the weights
+from ``q``, ``k`` and the mask; the VJP is the gradient op below.
+
+The gradient is an op too, ``"scaled_dot_product_attention_grad"``: inputs ``(g, q, k, v[,
+mask])``, the same attributes, output the packed vector ``concat(dq.ravel(), dk.ravel(),
+dv.ravel())`` (each summed back to its input's shape: broadcast batch axes, GQA groups);
+:func:`unpack` takes one gradient out. The forward op's VJP is that op (a float mask that
+needs a gradient takes the composed rule instead). Its own VJP and JVP are framework ops: it
+is ``∇_{q,k,v} <g, A>`` for attention ``A``, so its JVP is a Hessian-vector product of
+``<g, A>`` and its VJP is that product (for q, k, v, the mask) and A's JVP (for g). Gradients
+of any order therefore work on every path, and a backward kernel still serves the first.
 
 Contract with the kernels (``mlsys_lab/kernels/attention*.py``)
 ---------------------------------------------------------------
 Tiled kernels register with ``register_impl("scaled_dot_product_attention", device, ...)``:
 ``out_fn(out, q, k, v[, mask], is_causal=..., scale=..., enable_gqa=...)``. A mask is there
 when four arrays come (``len(avals) == 4`` in ``accepts``); its dtype says bool or additive.
+A backward kernel registers on ``"scaled_dot_product_attention_grad"``:
+``out_fn(out, g, q, k, v[, mask], **attrs)`` writes the packed ``(dq, dk, dv)`` into the 1-D
+``out``; it has no saved forward to read, so it recomputes ``out`` and the log-sum-exp (one
+tiled forward) before the FlashAttention-2 sweep.
 The float64 answers to hold them to are :func:`attention_reference` with ``return_lse=True``,
 which also returns the row log-sum-exp ``lse[..., i] = log Σ_j exp(s_ij)`` over the keys that
 take part (``s`` the scaled, biased scores; ``-inf`` in a fully masked row), the quantity a
@@ -53,11 +65,11 @@ from . import dtypes
 from .dispatch import apply
 from .ops_math import eq, where
 from .ops_nn import check_dropout_p, dropout, softmax
-from .ops_shape import _mT, broadcast_to, matmul, reshape
+from .ops_shape import _mT, broadcast_to, concatenate, getitem, matmul, reshape
 from .ops_shape import max as reduce_max
 from .ops_shape import sum as reduce_sum
 from .registry import AVal, defop
-from .shapes import broadcast_shapes, unbroadcast
+from .shapes import broadcast_shapes, expect_shape, unbroadcast
 from .tensor import Tensor, lift
 
 OP = "scaled_dot_product_attention"
@@ -264,13 +276,12 @@ def attention_weights(q, k, mask=None, *, is_causal=False, scale, enable_gqa=Fal
     zeros (and zero gradients) in a row where no key takes part."""
     kk = _expand_heads(k, q.shape[-3]) if enable_gqa else k
     s = matmul(q, _mT(kk)) * scale
-    if mask is not None:
-        s = where(mask, s, -np.inf) if mask.dtype == dtypes.bool_ else s + mask
     L, S = q.shape[-2], kk.shape[-2]
-    if is_causal:
+    if is_causal:  # row i keeps key 0: no row is empty
         s = where(Tensor._wrap(causal_mask(L, S)), s, -np.inf)
-    if mask is None and not is_causal:
+    if mask is None:
         return softmax(s, -1)
+    s = where(mask, s, -np.inf) if mask.dtype == dtypes.bool_ else s + mask
     dead = eq(reduce_max(s, -1, keepdims=True), -np.inf)  # no gradient flows through eq
     p = softmax(where(dead, 0.0, s), -1)
     return where(dead, 0.0, p)
@@ -285,26 +296,109 @@ def _zeros_like(x):
     return Tensor._wrap(np.zeros(x.shape, x.dtype))
 
 
+def _add(*terms):
+    """The sum of the terms that are not None (None: a zero term)."""
+    terms = [t for t in terms if t is not None]
+    out = terms[0] if terms else None
+    for t in terms[1:]:
+        out = out + t
+    return out
+
+
+def _mm_sum(*pairs):
+    """Σ a @ b over the pairs whose ``a`` and ``b`` are not None (None if there is none). Two
+    products of one shape are one GEMM: ``[a1, a2] @ [b1; b2] = a1 b1 + a2 b2``."""
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    if len(pairs) == 2:
+        (a1, b1), (a2, b2) = pairs
+        if a1.shape[:-1] == a2.shape[:-1] and b1.shape[:-2] == b2.shape[:-2] and \
+                b1.shape[-1] == b2.shape[-1]:
+            return matmul(concatenate([a1, a2], len(a1.shape) - 1),
+                          concatenate([b1, b2], len(b1.shape) - 2))
+    return _add(*[matmul(a, b) for a, b in pairs])
+
+
+def _is_float_mask(mask):
+    return mask is not None and mask.dtype != dtypes.bool_
+
+
+class _Parts:
+    """The pieces every rule recomputes: the weights ``p`` and the (head-expanded) keys and
+    values of one call."""
+
+    def __init__(self, q, k, v, mask, is_causal, scale, enable_gqa):
+        self.q, self.k, self.v, self.mask = q, k, v, mask
+        self.scale, self.gqa = scale, enable_gqa
+        self.hq = q.shape[-3] if enable_gqa else None
+        self.p = attention_weights(q, k, mask, is_causal=is_causal, scale=scale,
+                                   enable_gqa=enable_gqa)
+        self.kk, self.vv = self.heads(k), self.heads(v)
+
+    def heads(self, x):
+        return None if x is None else (_expand_heads(x, self.hq) if self.gqa else x)
+
+    def score_tangent(self, tq, tk, tm):
+        """The scores' tangent ``scale (q̇ kᵀ + q k̇ᵀ) + ṁ`` (None: zero)."""
+        return _add(None if tq is None else matmul(tq, _mT(self.kk)) * self.scale,
+                    None if tk is None else matmul(self.q, _mT(self.heads(tk))) * self.scale,
+                    tm if _is_float_mask(self.mask) else None)
+
+    def weight_tangent(self, ts):
+        """Ṗ = P ∘ (Ṡ - rowsum(P ∘ Ṡ)) for the scores' tangent ``ts``."""
+        p = self.p
+        return None if ts is None else p * (ts - reduce_sum(p * ts, -1, keepdims=True))
+
+    def out_tangent(self, tq, tk, tv, tm):
+        """The output's tangent: Ṗ v + P v̇."""
+        dp = self.weight_tangent(self.score_tangent(tq, tk, tm))
+        return _mm_sum((dp, self.vv), (self.p, self.heads(tv)))
+
+    def back(self, d, like):
+        """A gradient of the expanded, broadcast tensor summed back to ``like``'s shape."""
+        return _reduce_heads(d, tuple(like.shape), self.gqa)
+
+
+def _grads(parts, g, tangents=None):
+    """Reverse mode of attention for the cotangent ``g``: ``(dq, dk, dv, dS)`` (dS: the
+    scores' gradient, the float mask's before unbroadcasting). With ``tangents`` (ġ, q̇, k̇, v̇,
+    ṁ), their directional derivative along them instead: the Hessian-vector product of
+    ``<g, attention>`` (terms that are zero are None)."""
+    c, p, q, kk, vv = parts.scale, parts.p, parts.q, parts.kk, parts.vv
+    dp = matmul(g, _mT(vv))
+    delta = reduce_sum(p * dp, -1, keepdims=True)
+    ds = p * (dp - delta)
+    if tangents is None:
+        return (matmul(ds, kk) * c, matmul(_mT(ds), q) * c, matmul(_mT(p), g), ds)
+    tg, tq, tk, tv, tm = tangents
+    tkk, tvv = parts.heads(tk), parts.heads(tv)
+    tp = parts.weight_tangent(parts.score_tangent(tq, tk, tm))
+    tdp = _mm_sum((tg, _mT(vv)), (g, None if tvv is None else _mT(tvv)))
+    tdelta = _add(None if tdp is None else p * tdp, None if tp is None else dp * tp)
+    tdelta = None if tdelta is None else reduce_sum(tdelta, -1, keepdims=True)
+    tds = _add(None if tp is None else tp * (dp - delta),
+               None if tdp is None and tdelta is None else
+               p * _add(tdp, None if tdelta is None else -tdelta))
+    dq = _mm_sum((tds, kk), (ds, tkk))
+    dk = _mm_sum((None if tds is None else _mT(tds), q), (None if tq is None else _mT(ds), tq))
+    dv = _mm_sum((None if tp is None else _mT(tp), g), (None if tg is None else _mT(p), tg))
+    return (None if dq is None else dq * c, None if dk is None else dk * c, dv, tds)
+
+
 def _vjp(g, xs, y, needs, is_causal, scale, enable_gqa):
     q, k, v, mask = _split(xs)
-    hq = q.shape[-3] if enable_gqa else None
     if k.shape[-2] == 0:  # no keys: the output is a constant zero
         return tuple(_zeros_like(x) if n else None for x, n in zip(xs, needs))
-    p = attention_weights(q, k, mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    attrs = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     cts = [None] * len(xs)
-    if needs[2]:
-        cts[2] = _reduce_heads(matmul(_mT(p), g), tuple(v.shape), enable_gqa)
-    if any(needs[:2]) or (mask is not None and needs[3]):
-        vv = _expand_heads(v, hq) if enable_gqa else v
-        dp = matmul(g, _mT(vv))
-        ds = p * (dp - reduce_sum(g * y, -1, keepdims=True))
-        if needs[0]:
-            kk = _expand_heads(k, hq) if enable_gqa else k
-            cts[0] = unbroadcast(matmul(ds, kk) * scale, tuple(q.shape))
-        if needs[1]:
-            cts[1] = _reduce_heads(matmul(_mT(ds), q) * scale, tuple(k.shape), enable_gqa)
-        if mask is not None and needs[3] and mask.dtype != dtypes.bool_:
-            cts[3] = unbroadcast(ds, tuple(mask.shape))
+    if _is_float_mask(mask) and needs[3]:  # the mask's gradient: the composed rule
+        parts = _Parts(q, k, v, mask, **attrs)
+        dq, dk, dv, ds = _grads(parts, g)
+        cts[:3] = [parts.back(d, x) if n else None for d, x, n in zip((dq, dk, dv), xs, needs)]
+        cts[3] = unbroadcast(ds, tuple(mask.shape))
+        return tuple(cts)
+    if any(needs[:3]):
+        flat = apply(SCALED_DOT_PRODUCT_ATTENTION_GRAD, g, q, k, v, *xs[3:], **attrs)
+        cts[:3] = [unpack(flat, i, xs[:3]) if needs[i] else None for i in range(3)]
     return tuple(cts)
 
 
@@ -313,28 +407,82 @@ def _jvp(ts, xs, y, is_causal, scale, enable_gqa):
     tq, tk, tv, tm = _split(ts)
     if k.shape[-2] == 0:
         return None
-    hq = q.shape[-3] if enable_gqa else None
-    p = attention_weights(q, k, mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    ds = None
-    if tq is not None:
-        kk = _expand_heads(k, hq) if enable_gqa else k
-        ds = matmul(tq, _mT(kk)) * scale
-    if tk is not None:
-        term = matmul(q, _mT(_expand_heads(tk, hq) if enable_gqa else tk)) * scale
-        ds = term if ds is None else ds + term
-    if tm is not None and mask is not None and mask.dtype != dtypes.bool_:
-        ds = tm if ds is None else ds + tm
-    out = None
-    if ds is not None:
-        dp = p * (ds - reduce_sum(p * ds, -1, keepdims=True))
-        out = matmul(dp, _expand_heads(v, hq) if enable_gqa else v)
-    if tv is not None:
-        term = matmul(p, _expand_heads(tv, hq) if enable_gqa else tv)
-        out = term if out is None else out + term
-    return out
+    return _Parts(q, k, v, mask, is_causal, scale, enable_gqa).out_tangent(tq, tk, tv, tm)
 
 
 SCALED_DOT_PRODUCT_ATTENTION = defop(OP, compute=_compute, infer=_infer, vjp=_vjp, jvp=_jvp)
+
+
+# --- the gradient as an op of its own (where a tiled backward kernel plugs in) ------------------
+GRAD_OP = OP + "_grad"
+
+
+def unpack(flat, i, like):
+    """Input ``i``'s gradient (q, k or v) out of the packed gradient ``flat``."""
+    sizes = [int(np.prod(x.shape, dtype=np.int64)) for x in like]
+    start = sum(sizes[:i])
+    return reshape(getitem(flat, slice(start, start + sizes[i])), tuple(like[i].shape))
+
+
+def _pack(parts):
+    return concatenate([reshape(d, (-1,)) for d in parts], 0)
+
+
+def _grad_infer(g, q, k, v, *mask, is_causal, scale, enable_gqa):
+    y = _infer(q, k, v, *mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    expect_shape(GRAD_OP, "the cotangent", g.shape, y.shape)
+    if g.dtype != q.dtype:
+        raise DTypeError(f"{GRAD_OP}: the cotangent must be {q.dtype}, got {g.dtype}")
+    n = sum(int(np.prod(x.shape, dtype=np.int64)) for x in (q, k, v))
+    return AVal((n,), q.dtype)
+
+
+def _grad_compute(g, q, k, v, *mask, is_causal, scale, enable_gqa):
+    m = mask[0] if mask else None
+    attrs = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    out, lse = attention_reference(q, k, v, m, return_lse=True, **attrs)
+    d = attention_backward_reference(g, q, k, v, out, lse, m, **attrs)
+    return np.concatenate([x.reshape(-1) for x in d])
+
+
+def _grad_jvp(ts, xs, y, is_causal, scale, enable_gqa):
+    g, q, k, v, *m = xs
+    tg, tq, tk, tv, *tm = ts
+    if k.shape[-2] == 0:
+        return None
+    parts = _Parts(q, k, v, m[0] if m else None, is_causal, scale, enable_gqa)
+    d = _grads(parts, g, (tg, tq, tk, tv, tm[0] if tm else None))[:3]
+    if all(x is None for x in d):
+        return None
+    return _pack([_zeros_like(x) if dx is None else parts.back(dx, x)
+                  for dx, x in zip(d, (q, k, v))])
+
+
+def _grad_vjp(u, xs, y, needs, is_causal, scale, enable_gqa):
+    """The packed gradient is ``∇_{q,k,v} <g, A>`` for attention A, so its VJP with ``U``:
+    for ``g``, the output's tangent along U (forward mode); for q, k, v and a float mask,
+    the Hessian of ``<g, A>`` times U, which is the gradient's own tangent along U."""
+    g, q, k, v, *m = xs
+    mask = m[0] if m else None
+    cts = [None] * len(xs)
+    if k.shape[-2] == 0:
+        return tuple(_zeros_like(x) if n else None for x, n in zip(xs, needs))
+    parts = _Parts(q, k, v, mask, is_causal, scale, enable_gqa)
+    uq, uk, uv = (unpack(u, i, (q, k, v)) for i in range(3))
+    if needs[0]:
+        cts[0] = unbroadcast(parts.out_tangent(uq, uk, uv, None), tuple(g.shape))
+    if any(needs[1:]):
+        d = _grads(parts, g, (None, uq, uk, uv, None))
+        for i, x in enumerate((q, k, v), 1):
+            if needs[i]:
+                cts[i] = _zeros_like(x) if d[i - 1] is None else parts.back(d[i - 1], x)
+        if _is_float_mask(mask) and needs[4]:
+            cts[4] = unbroadcast(d[3], tuple(mask.shape))
+    return tuple(cts)
+
+
+SCALED_DOT_PRODUCT_ATTENTION_GRAD = defop(GRAD_OP, compute=_grad_compute, infer=_grad_infer,
+                                          vjp=_grad_vjp, jvp=_grad_jvp)
 
 
 # --- the function -------------------------------------------------------------------------------
@@ -403,4 +551,4 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
 
 
 __all__ = ["scaled_dot_product_attention", "attention_reference", "attention_backward_reference",
-           "attention_scores", "attention_weights", "causal_mask"]
+           "attention_scores", "attention_weights", "causal_mask", "unpack"]

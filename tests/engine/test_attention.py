@@ -15,10 +15,13 @@ import pytest
 import mlsys_lab as ml
 from mlsys_lab import ops
 from mlsys_lab.engine.ops_attention import (
+    SCALED_DOT_PRODUCT_ATTENTION_GRAD,
     attention_backward_reference,
     attention_reference,
     causal_mask,
+    unpack,
 )
+from mlsys_lab.engine.tensor import apply
 
 SDPA = ops.scaled_dot_product_attention
 
@@ -284,3 +287,41 @@ def test_error_in_a_traced_graph_names_the_op():
     q, k, v = qkv()
     with pytest.raises(ml.ShapeError, match="scaled_dot_product_attention"):
         ml.trace(lambda a, b, c: SDPA(a, b, c), q, k[..., :2], v)
+
+
+# --- the gradient op (where a backward kernel plugs in) -------------------------------------------
+def test_the_vjp_is_the_packed_gradient_op():
+    q, k, v = qkv()
+    g = ml.trace(ml.grad(lambda a, b, c: ops.sum(SDPA(a, b, c, is_causal=True)),
+                         argnums=(0, 1, 2)), q, k, v)
+    found = [n for n in g.nodes if n.op == "scaled_dot_product_attention_grad"]
+    assert len(found) == 1 and found[0].attrs["is_causal"] is True
+    assert found[0].output.shape == (q.size + k.size + v.size,)
+    assert not any(n.op == "softmax" for n in g.nodes)  # no composed backward left
+    flat = apply(SCALED_DOT_PRODUCT_ATTENTION_GRAD, np.ones((2, 3, 4, 2)), q, k, v,
+                 is_causal=True, scale=1 / math.sqrt(3), enable_gqa=False)
+    _, want = grads(lambda a, b, c: SDPA(a, b, c, is_causal=True), q, k, v)
+    for i, w in enumerate(want):
+        np.testing.assert_allclose(unpack(flat, i, (q, k, v)).numpy(), w, rtol=1e-12)
+
+
+def test_a_float_mask_that_needs_a_gradient_takes_the_composed_rule():
+    q, k, v = qkv()
+    bias = np.random.default_rng(5).standard_normal((4, 5))
+    ts = [ml.tensor(a, requires_grad=True) for a in (q, k, v, bias)]
+    ops.sum(SDPA(*ts) * ml.tensor(np.arange(2 * 3 * 4 * 2.0).reshape(2, 3, 4, 2))).backward()
+    eps, i = 1e-6, (1, 2)
+    up, down = bias.copy(), bias.copy()
+    up[i] += eps
+    down[i] -= eps
+    w = np.arange(2 * 3 * 4 * 2.0).reshape(2, 3, 4, 2)
+    num = (np.sum(SDPA(q, k, v, up).numpy() * w) - np.sum(SDPA(q, k, v, down).numpy() * w)) / (
+        2 * eps)
+    assert ts[3].grad.numpy()[i] == pytest.approx(num, rel=1e-6)
+
+
+def test_gradient_op_errors_name_it():
+    q, k, v = qkv()
+    with pytest.raises(ml.ShapeError, match="scaled_dot_product_attention_grad: the cotangent"):
+        apply(SCALED_DOT_PRODUCT_ATTENTION_GRAD, np.ones((2, 3, 4, 3)), q, k, v, is_causal=False,
+              scale=1.0, enable_gqa=False)
