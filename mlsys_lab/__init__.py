@@ -145,3 +145,7 @@ def __getattr__(name):  # lazy subpackages: ml.nn, ml.optim, ml.viz, ml.compile,
 
         return dtypes.bfloat16
     raise AttributeError(f"module 'mlsys_lab' has no attribute {name!r}")
+
+from .engine.recompute import recompute  # noqa: E402,F401 - in __all__ below
+
+__all__.append("recompute")
