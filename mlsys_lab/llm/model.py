@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .. import ops
-from ..engine.tensor import Tensor
+from ..engine.tensor import Tensor, is_grad_enabled
 from ..errors import ArgumentError, ShapeError
 from ..nn import Embedding, LayerNorm, Linear, Module, Parameter, Sequential, init
 
@@ -103,9 +103,10 @@ class Block(Module):
             keys, values, mask = cache.append(layer, k.numpy(), v.numpy())
             y = attention(q, Tensor(keys), Tensor(values), mask=mask,
                           composed=self.composed_attention)
-        # a no-op forward; backward, the reshape copies the (transposed) gradient of y into
-        # contiguous memory, which numpy's batched matmul needs to reach BLAS (25x faster)
-        y = ops.reshape(ops.reshape(y, (b * h, t, hd)), (b, h, t, hd))
+        if is_grad_enabled():
+            # a no-op forward; backward, the reshape copies the (transposed) gradient of y
+            # into contiguous memory, which numpy's batched matmul needs to reach BLAS (25x)
+            y = ops.reshape(ops.reshape(y, (b * h, t, hd)), (b, h, t, hd))
         x = x + self.proj(ops.reshape(ops.transpose(y, (0, 2, 1, 3)), (b * t, h * hd)))
         return x + self.fc2(gelu(self.fc1(self.ln2(x))))
 

@@ -68,7 +68,7 @@ class CostModel:
 
 
 def measure_cost_model(model, batch_sizes=(1, 2, 4, 8, 16), contexts=(16, 64, 128),
-                       prefill=(32, 128), repeats=3):
+                       prefill=(32, 128), repeats=5):
     """Fit a :class:`CostModel` to measured cached decode steps of ``model`` (each batch size
     at each context length) and prompt runs (least squares; coefficients kept >= 0).
 
@@ -226,8 +226,9 @@ def simulate(trace, policy, kv_tokens, cost, block_size=16, max_len=1024, max_ba
                      preemptions, latencies)
 
 
-def capacity_rate(trace_mean_tokens, cost, batch):
-    """Requests/s a server decoding ``batch`` sequences at a time could sustain (for choosing
-    a saturating arrival rate): ``batch / (mean output · step seconds)``."""
-    step = cost.step_seconds(batch, batch * trace_mean_tokens, 0)
-    return batch / (128.0 * step) if math.isfinite(step) and step > 0 else float("inf")
+def capacity_rate(cost, batch, mean_context=392, mean_output=128):
+    """Requests/s a server decoding ``batch`` sequences of ``mean_context`` tokens at a time
+    could sustain, prefill aside (for choosing a saturating arrival rate):
+    ``batch / (mean_output · step seconds)``."""
+    step = cost.step_seconds(batch, batch * mean_context, 0)
+    return batch / (mean_output * step) if math.isfinite(step) and step > 0 else float("inf")

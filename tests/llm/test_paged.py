@@ -139,3 +139,38 @@ def test_allocator_refuses_double_free_and_exhaustion():
     alloc.release(a)
     with pytest.raises(ml.ArgumentError, match="not allocated"):
         alloc.release(a)
+
+
+requests = st.lists(st.tuples(st.integers(1, 12), st.integers(1, 8), st.integers(1, 3),
+                              st.integers(0, 4)), min_size=1, max_size=5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(requests, st.integers(6, 20))
+def test_serving_request_traces_frees_everything_and_matches_contiguous(reqs, blocks):
+    """Over request traces (prompt length, new tokens, parallel samples, arrival) and pool
+    sizes: the paged server returns every block, never over-books one (checked after each
+    forward), and gives the contiguous server's tokens."""
+    cfg = llm.GPTConfig(vocab_size=11, context=32, layers=1, dim=8, heads=2)
+    model = _MICRO.setdefault("model", llm.GPT(cfg, seed=3).eval())
+    rs = [llm.Request(i, np.arange(p) % 11, m, n=n, arrival=a)
+          for i, (p, m, n, a) in enumerate(reqs)]
+    cache = _CheckedPaged(cfg, num_blocks=blocks, block_size=4)
+    if any(-(-(len(r.prompt) + r.max_new_tokens) // 4) * r.n > blocks for r in rs):
+        return  # a request that cannot fit even alone
+    out_p, _ = llm.serve(model, rs, cache, max_batch=8, seed=1, watermark=0)
+    out_c, _ = llm.serve(model, rs, llm.KVCache(cfg, 8, 32, sequences=False), max_batch=8,
+                         seed=1)
+    assert cache.allocator.num_free == blocks and not cache.allocator.refcount.any()
+    for r in rs:
+        assert [len(t) for t in out_p[r.id]] == [r.max_new_tokens] * r.n
+        assert all(np.array_equal(a, b) for a, b in zip(out_p[r.id], out_c[r.id]))
+
+
+_MICRO = {}
+
+
+class _CheckedPaged(llm.PagedKVCache):
+    def advance(self, t):
+        super().advance(t)
+        _check(self)

@@ -1,0 +1,213 @@
+"""LLM inference (book chapter 18): attention kernels, the KV cache, paged serving against static
+batching, speculative decoding, weight-only int8 — side by side in one run.
+
+    python benchmarks/llm.py [--quick] [--threads 1]
+
+Prints:
+
+1. **Attention** — the rows of ``benchmarks/llm_attention.py``'s ``attention_rows()`` (tiled
+   online-softmax kernels against PyTorch and exact numpy), when that file is present.
+2. **KV cache** — the committed tiny GPT (``mlsys_lab.llm.load()``; 4 layers, d = 128, context
+   256) generates 255 tokens after a 1-token prompt, filling its context, greedily, for a batch
+   of 1 and of 8 sequences: with the KV cache, and recomputing the whole prefix for every
+   token. Both run the same eager no-grad model code and must give the same tokens. Target:
+   cache >= 10x faster.
+3. **Serving** — a step-cost model fitted to the GPT's measured cached decode steps (batch 1-16,
+   context 16-128) and prompt runs, and a seeded trace (Poisson arrivals at 1.5x the
+   paged server's estimated capacity; prompts uniform in 16-512 tokens; outputs geometric with
+   mean 128, capped at 512; 400 requests, seed 0) served by static batching, continuous batching
+   with contiguous max-length (1024) reservation and continuous + paged (block 16), all with
+   the same KV memory: 16,384 token positions. Targets: paged >= 2x static's throughput, paged
+   KV waste <= 4 %.
+4. **Speculative decoding** — the GPT as target, its first block (with the shared embeddings,
+   final norm and head: the training's early exit) as draft; gamma = 2, 3, 4; sampling at
+   temperature 1 from held-out prompts. Measured acceptance alpha (mean of sum min(p, q)),
+   cost ratio c (a draft forward in the run / a plain cached step), speed-up over plain cached
+   decoding against the formula ``(1 - alpha^(gamma+1)) / ((1 - alpha)(c gamma + 1))``.
+   Target: within 10 %.
+5. **Weight-only int8** — held-out loss and perplexity of the float32 model and of its int8
+   per-channel copy, the logit change, the weight bytes.
+
+Times are best-of / single runs on a shared 2-core machine (the load average is printed); BLAS
+runs ``--threads`` threads (default 1).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+import mlsys_lab as ml
+from mlsys_lab import llm, timing
+from mlsys_lab.llm import simulator, speculative, text
+
+KV_TOKENS, MAX_LEN, BLOCK = 16384, 1024, 16
+
+
+def load():
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
+def attention_section():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        from llm_attention import attention_rows
+    except ImportError as e:
+        print(f"(benchmarks/llm_attention.py not available: {e})")
+        return
+    for row in attention_rows():
+        print(row if isinstance(row, str) else "  ".join(str(x) for x in row))
+
+
+def greedy_batch(model, batch, new_tokens, use_cache):
+    """Greedy decoding of ``batch`` sequences from one-token prompts to ``new_tokens`` more."""
+    ids = np.arange(batch)[:, None] % model.config.vocab_size
+    cache = llm.KVCache(model.config, batch) if use_cache else None
+    feed = ids
+    for _ in range(new_tokens):
+        logits = model(feed, cache) if use_cache else model(ids)
+        nxt = np.argmax(logits.numpy()[:, -1], axis=-1)[:, None]
+        ids = np.concatenate([ids, nxt], axis=1)
+        feed = nxt
+    return ids
+
+
+def kv_cache_section(model, new_tokens, batches):
+    print(f"{'batch':>5}  {'path':<22}{'tokens':>8}{'seconds':>10}{'ms/step':>10}"
+          f"{'speed-up':>10}")
+    for b in batches:
+        cached, t_cache = timing.timed(greedy_batch, model, b, new_tokens, True)
+        plain, t_plain = timing.timed(greedy_batch, model, b, new_tokens, False)
+        same = np.array_equal(cached, plain)
+        print(f"{b:>5}  {'recompute the prefix':<22}{b * new_tokens:>8}{t_plain:>10.2f}"
+              f"{1e3 * t_plain / new_tokens:>10.2f}")
+        print(f"{b:>5}  {'KV cache':<22}{b * new_tokens:>8}{t_cache:>10.2f}"
+              f"{1e3 * t_cache / new_tokens:>10.2f}{t_plain / t_cache:>9.1f}x   "
+              f"same tokens: {same}")
+    print("target: KV cache >= 10x faster (both paths: the same eager no-grad model code)")
+
+
+def serving_section(model, requests, quick):
+    cost, data = simulator.measure_cost_model(model, repeats=2 if quick else 7)
+    print("cost model (fitted to measured steps): "
+          f"{1e3 * cost.base:.2f} ms + {1e3 * cost.per_seq:.3f} ms/sequence + "
+          f"{1e6 * cost.per_context:.3f} us/context token + {1e6 * cost.per_prefill:.1f} "
+          f"us/prompt token")
+    print("measured decode steps (batch, context, ms): " + ", ".join(
+        f"({b},{L},{1e3 * t:.2f})" for b, L, t in data["decode"]))
+    rate = 1.5 * simulator.capacity_rate(cost, KV_TOKENS // 400)
+    trace = llm.poisson_trace(requests, rate=rate, seed=0)
+    print(f"trace: {requests} requests, Poisson at {rate:.1f}/s, prompts U[16, 512], outputs "
+          f"geometric mean 128 (cap 512), seed 0; KV memory {KV_TOKENS} positions "
+          f"({KV_TOKENS * model.config.kv_bytes_per_token() / 2**20:.0f} MiB of this GPT's "
+          f"K/V), block {BLOCK}, max_len {MAX_LEN}")
+    print(f"{'policy':<24}{'tok/s':>9}{'p50 s':>9}{'p99 s':>9}{'KV waste':>10}"
+          f"{'batch':>8}{'preempt':>9}")
+    results = {}
+    for policy in simulator.POLICIES:
+        r = llm.simulate(trace, policy, KV_TOKENS, cost, block_size=BLOCK, max_len=MAX_LEN)
+        results[policy] = r
+        name = {"static": "static", "contiguous": "continuous, contiguous",
+                "paged": "continuous + paged"}[policy]
+        print(f"{name:<24}{r.throughput:>9.0f}{r.p50_latency:>9.2f}{r.p99_latency:>9.2f}"
+              f"{100 * r.waste:>9.1f}%{r.mean_batch:>8.1f}{r.preemptions:>9}")
+    ratio = results["paged"].throughput / results["static"].throughput
+    print(f"paged / static throughput {ratio:.2f}x (target >= 2x); paged KV waste "
+          f"{100 * results['paged'].waste:.1f} % (target <= 4 %)")
+
+
+def speculative_section(model, prompts, new_tokens, gammas, rounds):
+    """Each round runs plain decoding and every gamma on every prompt, interleaved, so load
+    drift hits all alike; the fastest round of each contestant is kept."""
+    draft = model.truncated(1)
+    best = {}
+    for _ in range(rounds):
+        runs = {"plain": [0.0, {}]}
+        for i, p in enumerate(prompts):
+            _, t = timing.timed(llm.generate_tokens, model, p, new_tokens, 1.0, None, None, i)
+            runs["plain"][0] += t
+            for g in gammas:
+                (_, st), t = timing.timed(speculative.speculative_generate, model, draft, p,
+                                          new_tokens, g, 1.0, i)
+                total = runs.setdefault(g, [0.0, {}])
+                total[0] += t
+                for k, v in st.items():
+                    total[1].setdefault(k, []).append(v)
+        for k, v in runs.items():
+            if k not in best or v[0] < best[k][0]:
+                best[k] = v
+    tokens = len(prompts) * new_tokens
+    T = best["plain"][0] / tokens
+    print(f"plain cached decoding T = {1e3 * T:.2f} ms/token (target = the 4-block GPT, draft = "
+          f"its first block); {len(prompts)} held-out prompts of 32 tokens, {new_tokens} new "
+          f"tokens each, temperature 1, best of {rounds} interleaved rounds")
+    print(f"{'gamma':>5}{'alpha':>7}{'c':>7}{'tok/step':>9}{'formula':>8}{'ms/tok':>8}"
+          f"{'speed-up':>9}{'formula':>8}{'ratio':>7}{'  | T_verify/T':>13}{'refined':>8}")
+    for g in gammas:
+        seconds, st = best[g]
+        steps, accepted = sum(st["steps"]), sum(st["accepted"])
+        alpha = float(np.mean(st["alpha"]))
+        c = sum(st["draft_seconds"]) / (steps * g) / T  # one draft forward, in target steps
+        verify = sum(st["target_seconds"]) / steps / T  # one verification, in target steps
+        measured = T / (seconds / tokens)
+        formula = speculative.speedup(alpha, g, c)
+        refined = speculative.expected_tokens(alpha, g) / (c * g + verify)
+        print(f"{g:>5}{alpha:>7.3f}{c:>7.3f}{(accepted + steps) / steps:>9.2f}"
+              f"{speculative.expected_tokens(alpha, g):>8.2f}{1e3 * seconds / tokens:>8.2f}"
+              f"{measured:>9.2f}{formula:>8.2f}{measured / formula:>7.2f}"
+              f"{verify:>13.2f}{refined:>8.2f}")
+    print("formula: (1 - a^(g+1)) / ((1 - a)(c g + 1)), c measured in the run; target: ratio "
+          "0.90-1.10. refined: the same with the verification's measured cost in place of T "
+          "(the book's formula assumes checking g + 1 tokens costs one step)")
+
+
+def int8_section(pre, held, windows):
+    model = pre.model
+    q = llm.quantize_weights(model)
+    ctx = model.config.context
+    f32 = llm.heldout_loss(model, held, ctx, windows)
+    i8 = llm.heldout_loss(q, held, ctx, windows)
+    diff = llm.quant.compare_logits(model, q, held[None, :ctx])
+    print(f"{'weights':<22}{'bytes':>12}{'held-out loss':>15}{'perplexity':>12}")
+    print(f"{'float32':<22}{llm.quant.weight_bytes(model):>12,}{f32:>15.4f}{np.exp(f32):>12.2f}")
+    print(f"{'int8 per channel':<22}{llm.quant.weight_bytes(q):>12,}{i8:>15.4f}{np.exp(i8):>12.2f}")
+    print(f"logit change: max |d| {diff['max_abs']:.4f}, relative RMS {diff['rel_rms']:.2e}; "
+          f"loss change {i8 - f32:+.4f} nats/token")
+    meta = pre.meta
+    print(f"(committed weights are float16: training recorded a float32 held-out loss of "
+          f"{meta['heldout_loss']:.4f}; the float16 file gives "
+          f"{llm.heldout_loss(model, held, ctx):.4f})")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--weights", default=llm.WEIGHTS, help="a file the training wrote")
+    args = parser.parse_args()
+    with threadpool_limits(args.threads), ml.no_grad():
+        print(f"# LLM inference benchmark ({load()})")
+        print("\n## 1. attention")
+        attention_section()
+        pre = llm.load(args.weights)
+        model = pre.model
+        held = text.split(llm.pretrained.encode_corpus(pre.tokenizer))[1]
+        print(f"\n## 2. KV cache vs recompute ({load()})")
+        kv_cache_section(model, model.config.context - 1, (1, 8))
+        print(f"\n## 3. serving simulator ({load()})")
+        serving_section(model, 150 if args.quick else 400, args.quick)
+        print(f"\n## 4. speculative decoding ({load()})")
+        n = 2 if args.quick else 4
+        prompts = [held[i * 500: i * 500 + 32] for i in range(n)]
+        speculative_section(model, prompts, 96 if args.quick else 160,
+                            (2, 4) if args.quick else (2, 3, 4), 1 if args.quick else 2)
+        print(f"\n## 5. weight-only int8 ({load()})")
+        int8_section(pre, held, 4 if args.quick else None)
+    print(f"\ndone ({load()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+
+
+if __name__ == "__main__":
+    main()
