@@ -230,3 +230,17 @@ def test_cuda_selection_picks_the_cuda_kernel():
     assert "cuda.flash_attention" in c.explain()
     want = attention_reference(*(a.astype(np.float64) for a in (q, k, v)), is_causal=True)
     np.testing.assert_allclose(c(q, k, v), want, atol=2e-6)
+
+
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[f"case{i}" for i in range(len(CUDA_CASES))])
+def test_cuda_backward_matches_exact_attention_under_the_simulator(case):
+    from mlsys_lab.kernels import attention_cuda
+
+    if not attention_cuda.simulator_enabled():
+        pytest.skip("runs under NUMBA_ENABLE_CUDASIM=1 (tests/conftest.py sets it)")
+    q, k, v, mask, g, attrs = _case(case, np.float32)
+    want_out, want_lse, want_grads = _reference(q, k, v, mask, g, attrs)
+    out, lse = want_out.astype(np.float32), want_lse.astype(np.float32)
+    grads = attention_cuda.attention_backward(g, q, k, v, out, lse, mask, **attrs)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, want_grads):
+        _close(got, want, np.float32, name)
