@@ -62,3 +62,8 @@ from .ps import RowSparse, param_server  # noqa: E402
 
 __all__ += ["DeviceMesh", "RowSparse", "data_parallel", "faults", "mesh", "param_server",
             "parallel", "pipeline_parallel", "ps", "tensor_parallel", "zero"]
+
+# FSDP (ZeRO stage 3 with per-layer gathers and prefetch; ``zero.zero_train(stage=3)`` runs it).
+from .parallel import fsdp  # noqa: E402
+
+__all__ += ["fsdp"]

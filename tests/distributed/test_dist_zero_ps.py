@@ -155,6 +155,7 @@ def test_zero_stages_equal_plain_dp_and_shard_the_state(n):
     from mlsys_lab.distributed import data_parallel as dp
     from mlsys_lab.distributed import sim
     from mlsys_lab.distributed.collectives import block_bounds
+    from mlsys_lab.distributed.parallel import fsdp
 
     model, data, opt, loss = _zero_setup()
     P = model.num_parameters()  # 66 parameters, fp64 everywhere: 8 + 8 + 16 bytes each
@@ -165,21 +166,26 @@ def test_zero_stages_equal_plain_dp_and_shard_the_state(n):
         run = zero.zero_train(model, opt, loss, data, sim.Cluster(sim.ring(n)), stage=stage)
         for k in want:
             np.testing.assert_allclose(run.state[k], want[k], rtol=0, atol=1e-12)
+        # stage 3 is FSDP: one flat shard per layer (Linear+Tanh, Linear), each padded to a
+        # multiple of n; stages 1-2 shard the whole flattened model by block_bounds
+        padded = sum(lay.padded for lay in fsdp.unit_layouts(model, n))
+        assert padded == (42 + 24 if n == 3 else 44 + 24)
         for rank, held in enumerate(run.held):
             lo, hi = block_bounds(P, n)[rank]
-            shard, full = (hi - lo) * 8, P * 8
+            shard, full = ((hi - lo) if stage < 3 else padded // n) * 8, P * 8
             assert held["optimizer"] == 2 * shard
             assert held["grads"] == (shard if stage >= 2 else full)
             assert held["params"] == (shard if stage == 3 else full)
-        if P % n == 0:
-            formula = zero.zero_memory_breakdown(P, n, stage, k=16, weight_bytes=8, grad_bytes=8)
+        if stage == 3 or P % n == 0:
+            formula = zero.zero_memory_breakdown(P if stage < 3 else padded, n, stage, k=16,
+                                                 weight_bytes=8, grad_bytes=8)
             assert run.held[0]["total"] == formula["total"]
         steps = len(data)
         if stage < 3:  # reduce-scatter + all-gather moves what one all-reduce moves
             assert run.bytes_sent == plain.result.bytes
-        else:  # weights gathered twice per step (+ once at the end)
+        else:  # each layer gathered twice per step (+ once at the end), padded
             assert run.bytes_sent == pytest.approx(plain.result.bytes * (3 * steps + 1)
-                                                   / (2 * steps))
+                                                   / (2 * steps) * padded / P)
 
 
 # --- parameter server ---------------------------------------------------------------------------

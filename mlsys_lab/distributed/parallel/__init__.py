@@ -1,14 +1,15 @@
 """Parallel training as rank programs on the simulator (or MPI): data parallelism with gradient
 buckets (``data_parallel``), a Linear split by columns or rows (``tensor_parallel``), GPipe and
-1F1B schedules (``pipeline_parallel``), ZeRO's memory and sharded update (``zero``), a
-DP x TP x PP device mesh (``mesh``) and failures with checkpoint-restart (``faults``).
+1F1B schedules (``pipeline_parallel``), ZeRO's memory and sharded update (``zero``), FSDP with
+per-layer gathers and prefetch (``fsdp``: ZeRO stage 3), a DP x TP x PP device mesh (``mesh``)
+and failures with checkpoint-restart (``faults``).
 
 The modules are re-exported by :mod:`mlsys_lab.distributed` under the same names
 (``from mlsys_lab.distributed import data_parallel as dp``).
 """
 
-from . import data_parallel, faults, mesh, pipeline_parallel, tensor_parallel, zero
+from . import data_parallel, faults, fsdp, mesh, pipeline_parallel, tensor_parallel, zero
 from .mesh import DeviceMesh
 
-__all__ = ["DeviceMesh", "data_parallel", "faults", "mesh", "pipeline_parallel",
+__all__ = ["DeviceMesh", "data_parallel", "faults", "fsdp", "mesh", "pipeline_parallel",
            "tensor_parallel", "zero"]

@@ -5,7 +5,7 @@ and K = 12 bytes of optimiser state (an fp32 master copy, momentum and variance)
 parallelism replicates all of it on each of the N devices; ZeRO stage 1 shards the optimiser
 state, stage 2 also the gradients, stage 3 also the weights (Rajbhandari et al., 2020).
 :func:`zero_train` runs the sharded update on the simulator with real arrays; its parameters
-equal plain data parallelism's.
+equal plain data parallelism's. Stage 3 there is FSDP (:mod:`.fsdp`): per-layer gathers.
 """
 
 import copy
@@ -18,6 +18,7 @@ from ...errors import ArgumentError, DTypeError
 from ...nn.module import Parameter
 from .. import sim
 from ..collectives import allgather, block_bounds, reduce_scatter
+from .fsdp import fsdp_train
 
 GB = 1e9
 #: bytes per parameter of (weights, gradients, optimiser state) for each optimiser and precision
@@ -138,60 +139,37 @@ def _unflatten(flat, params):
     return out
 
 
-def _gather_params(comm, params, shard, algo):
-    """Generator (stage 3): all-gather the weight shards into every ``p.data``."""
-    full = yield from allgather(comm, shard.data, algo=algo)
-    for p, value in zip(params, _unflatten(full, params)):
-        p.data = value.copy()
-
-
-def _free_params(params):
-    """Stage 3 frees the gathered weights after use; zeros make any missed re-gather show."""
-    for p in params:
-        p.data = np.zeros_like(p.data)
-
-
 def _zero_program(comm, model, make_optimizer, loss_fn, batches, stage, algo, flops):
+    """Stages 1 and 2 (stage 3 is FSDP: :mod:`.fsdp`)."""
     model = copy.deepcopy(model)
     params = model.parameters()
     lo, hi = block_bounds(sum(p.size for p in params), comm.size)[comm.rank]
     shard = Parameter(_flatten([p.data for p in params])[lo:hi].copy())
     optimizer = make_optimizer([shard])
-    if stage == 3:
-        _free_params(params)
     for x, y in batches:
         xs = np.array_split(x, comm.size)[comm.rank]
         ys = np.array_split(y, comm.size)[comm.rank]
-        if stage == 3:
-            yield from _gather_params(comm, params, shard, algo)
         model.zero_grad()
         loss = loss_fn(model(Tensor(xs)), ys) if len(xs) else None
         yield comm.compute(flops=flops * len(xs))
-        if stage == 3:  # freed after the forward, gathered again for the backward
-            _free_params(params)
-            yield from _gather_params(comm, params, shard, algo)
         if loss is not None:
             loss.backward()
         grads = [p.grad.numpy() if p.grad is not None else np.zeros_like(p.data) for p in params]
-        if stage == 3:
-            _free_params(params)
         flat = _flatten(grads) * (len(xs) / len(x))
         shard.grad = Tensor((yield from reduce_scatter(comm, flat, algo=algo)))
         optimizer.step()
-        if stage < 3:
-            full = yield from allgather(comm, shard.data, algo=algo)
-            for p, value in zip(params, _unflatten(full, params)):
-                p.data[...] = value
-    if stage == 3:
-        yield from _gather_params(comm, params, shard, algo)
+        full = yield from allgather(comm, shard.data, algo=algo)
+        for p, value in zip(params, _unflatten(full, params)):
+            p.data[...] = value
     held = _held_bytes(params, shard, optimizer, stage, comm.size)
     return {"state": model.state_dict(), "held": held}
 
 
 def _held_bytes(params, shard, optimizer, stage, n):
-    """Model-state bytes this rank keeps between steps (weights, gradients, optimiser)."""
+    """Model-state bytes this rank keeps between steps (weights, gradients, optimiser);
+    stages 1-2 (stage 3's come from :mod:`.fsdp`, measured)."""
     full = sum(p.data.nbytes for p in params)
-    weights = shard.data.nbytes if stage == 3 else full
+    weights = full
     grads = shard.data.nbytes if stage >= 2 else full
     opt = sum(a.nbytes for st in optimizer.state for a in st.values())
     return {"params": weights, "grads": grads, "optimizer": opt,
@@ -208,26 +186,38 @@ class ZeroRun:
     time: float
     bytes_sent: int
     result: object = field(repr=False, default=None)
+    fsdp: object = field(repr=False, default=None)  # stage 3: the FSDPRun
 
 
 def zero_train(model, make_optimizer, loss_fn, batches, cluster, stage=1, algo="ring",
-               flops_per_sample=None):
+               flops_per_sample=None, prefetch=True):
     """Data-parallel training with ZeRO ``stage`` (1, 2 or 3) on the simulator.
 
-    Each rank owns a contiguous 1/N of the flattened parameters and the optimiser state for it
-    only. Per step: gradients are reduce-scattered (each rank gets the sum over ranks of its
-    block), the rank updates its block, and the blocks are all-gathered (stages 1-2; stage 3
-    instead all-gathers the weights before the forward and again before the backward).
+    Stages 1-2: each rank owns a contiguous 1/N of the flattened parameters and the optimiser
+    state for it only. Per step: gradients are reduce-scattered (each rank gets the sum over
+    ranks of its block), the rank updates its block, and the blocks are all-gathered.
+
+    Stage 3 is FSDP (:func:`.fsdp.fsdp_train`): parameters, gradients and optimiser state
+    sharded per layer (each layer's flat vector padded to a multiple of N), each layer
+    all-gathered before its forward and again before its backward and freed after use, its
+    gradient reduce-scattered, the next layer's gather prefetched (``prefetch``). ``held``
+    is then the padded shards' bytes, and ``result`` the :class:`.fsdp.FSDPRun`'s simulator
+    result (the run itself is ``run.fsdp``).
 
     Args:
         make_optimizer: ``params -> optimizer``; element-wise optimisers (SGD, Adam, RMSProp)
             give the same update on a shard as on the whole.
+        prefetch: stage 3 only: prefetch the next layer's all-gather.
 
     Returns:
         A :class:`ZeroRun`.
     """
     _stage("zero_train", stage)
     flops = flops_per_sample or 6.0 * model.num_parameters()
+    if stage == 3:
+        run = fsdp_train(model, make_optimizer, loss_fn, batches, cluster, prefetch=prefetch,
+                         algo=algo, flops_per_sample=flops)
+        return ZeroRun(run.state, run.held, run.time, run.bytes_sent, run.result, run)
     args = [(model, make_optimizer, loss_fn, list(batches), stage, algo, flops)] * cluster.size
     res = sim.run(cluster, _zero_program, args=args)
     return ZeroRun(res.results[0]["state"], [r["held"] for r in res.results], res.time,
