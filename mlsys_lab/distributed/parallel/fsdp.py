@@ -26,7 +26,9 @@ Memory: between steps a rank holds its shards of parameters, gradients and optim
 (:func:`.zero.zero_memory_per_device`), exactly when every unit's size divides by N; during a
 step at most two units' gathered parameters (this one and the prefetched next) and one unit's
 full gradient come on top. :class:`FSDPRun` reports both, measured from the arrays each rank
-held.
+held: a gathered unit counts from its gather's issue to its free, a unit's full (flat) gradient
+from the backward to the first wait that proves its reduce-scatter done (the stream is FIFO),
+so with prefetch two units' gradients may be counted at once.
 
 The same rank program (:func:`fsdp_program`) runs on the simulator (:func:`fsdp_train`) and over
 MPI (:func:`fsdp_train_mpi`, under ``mpiexec``); ``zero.zero_train(stage=3)`` is this.
