@@ -392,6 +392,9 @@ EXPORT_ONLY = {
     "quantize_linear": "tests/deploy/test_deploy_qdq.py: export, import and run within one step of "
                        "onnxruntime",
     "dequantize_linear": "the same, with quantize_linear",
+    "scaled_dot_product_attention": "tests/deploy/test_onnx_attention.py: opsets 18 and 23 "
+                                    "against onnxruntime and the reference evaluator, imported "
+                                    "back as one node",
 }
 
 

@@ -377,3 +377,15 @@ def test_pass_options_and_registry():
                            "fuse_elementwise", "fuse_matmul_bias_act", "cancel_transposes"}
     with pytest.raises(ValueError):
         split_concat(ml.trace(lambda x: x + 1.0, np.ones(2, np.float32)), 1)
+
+
+def test_two_matmuls_feeding_one_add_fuse_once():
+    """``a @ b + c @ d``: both matmuls have the add as their sole user; the first claims it and
+    the second stays a plain matmul (before, both claimed it and the rewrite raised KeyError)."""
+    rng = np.random.default_rng(0)
+    a, b, c, d = (rng.standard_normal(s).astype(np.float32) for s in [(3, 4), (4, 5)] * 2)
+    graph = ml.trace(lambda a, b, c, d: ml.ops.matmul(a, b) + ml.ops.matmul(c, d), a, b, c, d)
+    fused = fuse_matmul_bias_act(graph)
+    assert [n.op for n in fused.nodes].count("matmul") == 1
+    (out,) = run_graph(fused, a, b, c, d)
+    np.testing.assert_allclose(out, a @ b + c @ d, rtol=1e-5)

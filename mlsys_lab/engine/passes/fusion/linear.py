@@ -54,8 +54,8 @@ def _linear_patterns(graph):
         if main.op not in ("matmul", "conv2d"):
             continue
         add = _sole_user(main.output, outs, "add")
-        if add is None or add.inputs[0] is add.inputs[1]:
-            continue
+        if add is None or add.inputs[0] is add.inputs[1] or id(add) in plan:
+            continue  # (two matmuls feeding one add: the first claims it)
         if (add.output.shape, add.output.dtype) != (main.output.shape, main.output.dtype):
             continue
         relu = _sole_user(add.output, outs, "relu")
