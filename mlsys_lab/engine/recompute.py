@@ -35,10 +35,9 @@ import numpy as np
 
 from ..errors import DTypeError, GraphError, ShapeError
 from . import dtypes
-from .dispatch import MODE, apply, enable_grad, is_grad_enabled, no_grad
+from .dispatch import MODE, enable_grad, is_grad_enabled, no_grad
 from .ops_math import cast
 from .ops_nn import get_rng_state, set_rng_state
-from .ops_shape import IDENTITY
 from .pytree import flatten, unflatten
 from .sparse import accumulate_grad
 from .tensor import Tensor
@@ -94,29 +93,24 @@ def _check_outputs(name, out):
     return flat, tree
 
 
-def _stand_ins(args, linked=False):
-    """Stand-ins for the tensor arguments: the segment's seeds. A floating one requires grad
-    even where its argument does not, so every op that depends on it is recorded (and so
-    known to belong to the segment); ``real`` says which ones the gradient must reach.
-
-    A stand-in is a fresh leaf, or with ``linked`` (a backward pass that records itself,
-    ``create_graph=True``, or forward mode, whose tangents may be differentiated) an identity
-    of an argument that requires grad, so what the segment computes stays connected to the
-    argument (higher-order derivatives). In forward mode nothing is forced: a tangent must not
-    be recorded where its argument does not require grad."""
+def _stand_ins(args):
+    """What ``fn`` runs on: the segment's seeds. An argument that requires grad is its own
+    seed (so what the segment computes stays connected to it: higher-order derivatives); a
+    floating one that does not is replaced by a leaf that does, so every op depending on it is
+    recorded (and so known to belong to the segment). In forward mode nothing is forced: a
+    tangent must not be recorded where its argument does not require grad. ``seeds`` maps
+    ``id(seed) -> (position, seed, whether the gradient must reach it)``."""
     force = MODE.forward_depth == 0
-    linked = linked or not force
     seeds, call_args = {}, []
     for pos, a in enumerate(args):
-        if isinstance(a, Tensor) and dtypes.is_float(a.dtype) and (force or a.requires_grad):
-            if linked and a.requires_grad:
-                with enable_grad():
-                    s = apply(IDENTITY, a)
-            else:
-                s = Tensor._wrap(a.data)
-                s.requires_grad = True
-                s._tangent = a._tangent
-            seeds[id(s)] = (pos, s, a.requires_grad)
+        if isinstance(a, Tensor) and a.requires_grad:
+            seeds[id(a)] = (pos, a, True)
+            call_args.append(a)
+        elif force and isinstance(a, Tensor) and dtypes.is_float(a.dtype):
+            s = Tensor._wrap(a.data)
+            s.requires_grad = True
+            s._tangent = a._tangent
+            seeds[id(s)] = (pos, s, False)
             call_args.append(s)
         else:
             call_args.append(a)
@@ -189,7 +183,7 @@ def _depends(outputs, seeds):
     before users, iteratively: a deep segment never hits the recursion limit)."""
     depends = {}
     for root in outputs:
-        if root._ctx is None or id(root) in depends:
+        if root._ctx is None or id(root) in depends or id(root) in seeds:
             continue
         stack = [(root, iter(root._ctx[1]))]
         depends[id(root)] = None  # on the stack
@@ -322,7 +316,7 @@ class _Segment:
         for x, need in zip(xs, needs):
             need_group[id(x)] = need_group.get(id(x), False) or need
         create_graph = is_grad_enabled()
-        flat, structure = self._replay(create_graph)
+        flat, structure = self._replay()
         outs = [flat[p] for p in self.out_positions]
         grads = {}
         for k, ct in cts.items():
@@ -353,12 +347,12 @@ class _Segment:
                 gs[slot] = gx
         return tuple(gs)
 
-    def _replay(self, linked):
+    def _replay(self):
         """Run ``fn`` again, with the tape on and the random state of the first run."""
         current = get_rng_state()
         set_rng_state(self.rng_state)
         try:
-            seeds, call_args = _stand_ins(self.args, linked)
+            seeds, call_args = _stand_ins(self.args)
             with enable_grad():
                 out = self.fn(*call_args)
         finally:

@@ -7,7 +7,9 @@
 Frontend: constant folding, dead code elimination, common subexpression elimination, algebraic
 simplification. Backend: transpose cancelling, Concat splitting, NCHW -> NHWC layout
 transformation, precision lowering, elementwise fusion (one generated Numba kernel) and
-matmul/conv + bias + activation fusion (all fusion under :mod:`.fusion`).
+matmul/conv + bias + activation fusion (all fusion under :mod:`.fusion`). Training graphs:
+activation recomputation (``recompute_pass``) and the schedules choosing what it saves
+(:mod:`.recompute`).
 """
 
 from .backend import cancel_transposes, layout_transform, lower_precision, split_concat
@@ -22,6 +24,13 @@ from .frontend import (
 )
 from .fusion import fuse_elementwise, fuse_gemm_accumulate, fuse_matmul_bias_act
 from .pipeline import PipelineResult, Stage, as_pass, pipeline, run_pipeline
+from .recompute import (
+    Schedule,
+    optimal_schedule,
+    peak_memory,
+    recompute_pass,
+    sqrt_schedule,
+)
 from .rewrite import Pass, Rewriter, clone, graph_pass
 
 __all__ = [
@@ -31,4 +40,5 @@ __all__ = [
     "constant_folding", "cse", "dce", "dead_code_elimination", "fuse_elementwise",
     "fuse_gemm_accumulate", "fuse_matmul_bias_act", "graph_pass", "layout_transform",
     "lower_precision", "pipeline", "run_pipeline", "split_concat",
+    "Schedule", "optimal_schedule", "peak_memory", "recompute_pass", "sqrt_schedule",
 ]
