@@ -26,3 +26,8 @@ __all__ = ["Module", "Parameter", "functional_call", "init", "Linear", "Conv2d",
            "Embedding", "ReLU", "Tanh", "Sigmoid", "Dropout", "Flatten", "MaxPool2d",
            "AvgPool2d", "Sequential", "cross_entropy", "mse_loss", "MultiheadAttention",
            "CausalSelfAttention"]
+
+# Mixture of experts (chapter 19): top-k gating with capacity and Switch's load-balancing loss.
+from .moe import MoE, Routing, route_top_k  # noqa: E402
+
+__all__ += ["MoE", "Routing", "route_top_k"]
