@@ -67,3 +67,8 @@ __all__ += ["DeviceMesh", "RowSparse", "data_parallel", "faults", "mesh", "param
 from .parallel import fsdp  # noqa: E402
 
 __all__ += ["fsdp"]
+
+# Expert parallelism (ch. 19): an nn.MoE's experts spread over ranks, two all-to-alls per layer.
+from .parallel import expert  # noqa: E402
+
+__all__ += ["expert"]

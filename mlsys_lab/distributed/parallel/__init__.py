@@ -13,3 +13,8 @@ from .mesh import DeviceMesh
 
 __all__ = ["DeviceMesh", "data_parallel", "faults", "fsdp", "mesh", "pipeline_parallel",
            "tensor_parallel", "zero"]
+
+# Expert parallelism: an nn.MoE's experts over ranks, two all-to-alls per layer (ch. 19).
+from . import expert  # noqa: E402
+
+__all__ += ["expert"]
