@@ -26,6 +26,14 @@ no floating tensor argument recomputes nothing. ``fn`` must be deterministic apa
 ``ml.ops.dropout`` (the replay checks that it runs the same ops) and must not hand intermediate
 tensors to the outside except through its return value.
 
+Limits: bit-identity is the tape's order reproduced, which holds for a segment entered through
+its outputs and read by ops outside it in the usual way (chains, residual blocks, shared
+weights, several outputs consumed downstream: the tests' cases); where the outer tape would
+interleave its own ops between two uses inside the segment, or for several outputs that feed
+one another, the terms may group differently in the last bit. Higher-order gradients through a
+segment (``create_graph=True``) are correct but equal only to rounding: the replay is a second
+copy of the forward ops in the recorded graph.
+
 Under ``no_grad`` or while tracing (``ml.trace``) ``recompute`` simply calls ``fn``: there is no
 tape to shrink; a traced training graph is recomputed by the graph pass
 ``engine.passes.recompute.recompute_pass``.
