@@ -322,10 +322,74 @@ def _transpose_block(src, j0, nb, dst):
 
 
 @njit(**_JIT)
+def _scores2(qb, row, kt, s0, s1, bc, e, scale):
+    """:func:`_scores` for rows ``row`` and ``row + 1`` at once: each load of the key tile
+    serves two rows (8 FMAs per 4 tile loads, 2 loads and 2 stores of the score rows)."""
+    for jj in range(bc):
+        s0[jj] = 0.0
+        s1[jj] = 0.0
+    e4 = e - e % 4
+    for c in range(0, e4, 4):
+        a0, a1 = qb[row, c] * scale, qb[row, c + 1] * scale
+        a2, a3 = qb[row, c + 2] * scale, qb[row, c + 3] * scale
+        b0, b1 = qb[row + 1, c] * scale, qb[row + 1, c + 1] * scale
+        b2, b3 = qb[row + 1, c + 2] * scale, qb[row + 1, c + 3] * scale
+        for jj in range(bc):
+            k0, k1, k2, k3 = kt[c, jj], kt[c + 1, jj], kt[c + 2, jj], kt[c + 3, jj]
+            s0[jj] += a0 * k0 + a1 * k1 + a2 * k2 + a3 * k3
+            s1[jj] += b0 * k0 + b1 * k1 + b2 * k2 + b3 * k3
+    for c in range(e4, e):
+        a0, b0 = qb[row, c] * scale, qb[row + 1, c] * scale
+        for jj in range(bc):
+            s0[jj] += a0 * kt[c, jj]
+            s1[jj] += b0 * kt[c, jj]
+
+
+@njit(**_JIT)
+def _combine_rows2(d0, d1, w0, w1, src, j0, nb):
+    """:func:`_combine_rows` (factor 1) into two rows at once: each row of ``src`` loaded
+    serves both."""
+    n = d0.shape[0]
+    n4 = nb - nb % 4
+    for jj in range(0, n4, 4):
+        j = j0 + jj
+        a0, a1, a2, a3 = w0[jj], w0[jj + 1], w0[jj + 2], w0[jj + 3]
+        b0, b1, b2, b3 = w1[jj], w1[jj + 1], w1[jj + 2], w1[jj + 3]
+        for c in range(n):
+            v0, v1, v2, v3 = src[j, c], src[j + 1, c], src[j + 2, c], src[j + 3, c]
+            d0[c] += a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3
+            d1[c] += b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3
+    for jj in range(n4, nb):
+        a, b = w0[jj], w1[jj]
+        for c in range(n):
+            d0[c] += a * src[j0 + jj, c]
+            d1[c] += b * src[j0 + jj, c]
+
+
+@njit(**_JIT)
+def _online_step(s, nb, m, ell, i, orow):
+    """One key block of the (m, l, s) recurrence for row ``i`` whose (masked) scores are in
+    ``s``: new max, old sums rescaled by ``exp(m_old − m_new)``, ``s`` turned into the block's
+    ``exp(score − m_new)`` (zeros while the row has seen no key)."""
+    m_new = max(m[i], _row_max(s, nb))
+    if m_new == -np.inf:
+        for jj in range(nb):
+            s[jj] = 0.0
+        return
+    alpha = exp_nonpositive(m[i] - m_new)
+    ell[i] = ell[i] * alpha + _exp_shifted_sum(s, nb, m_new)
+    m[i] = m_new
+    if alpha != 1:
+        for c in range(orow.shape[0]):
+            orow[c] *= alpha
+
+
+@njit(**_JIT)
 def _forward_block(qb, kb, vb, mask, mask_kind, causal, scale, i0, i1, bc, kt, s, m, ell, ob,
                    lse):
     """Rows i0..i1 of one head: the (m, l, s) recurrence over key blocks of ``bc``; ``ob``
-    holds the running unnormalised output, divided by ``l`` at the end."""
+    holds the running unnormalised output, divided by ``l`` at the end. Rows go two at a time
+    (:func:`_scores2`, :func:`_combine_rows2`) where both see the block."""
     e, keys, ev = qb.shape[1], kb.shape[0], vb.shape[1]
     one = scale / scale  # 1 in the inputs' dtype (a literal 1.0 would promote float32)
     for i in range(i1 - i0):
@@ -334,27 +398,32 @@ def _forward_block(qb, kb, vb, mask, mask_kind, causal, scale, i0, i1, bc, kt, s
         for c in range(ev):
             ob[i0 + i, c] = 0.0
     kend = min(keys, i1) if causal else keys
+    s0, s1 = s[0], s[1]
     for j0 in range(0, kend, bc):
         nb = min(bc, kend - j0)
         _transpose_block(kb, j0, nb, kt)
-        for i in range(i1 - i0):
+        i = 0
+        while i < i1 - i0:
             row = i0 + i
             last = row if causal else keys
             if j0 > last:
+                i += 1
                 continue  # the whole block is above the diagonal for this row
-            _scores(qb, row, kt, s, nb, e, scale)
-            _apply_mask(s, nb, row, j0, last, mask, mask_kind)
-            m_new = max(m[i], _row_max(s, nb))
-            if m_new == -np.inf:
-                continue  # nothing to attend to yet
-            alpha = exp_nonpositive(m[i] - m_new)
-            ell[i] = ell[i] * alpha + _exp_shifted_sum(s, nb, m_new)
-            m[i] = m_new
-            orow = ob[row]
-            if alpha != 1:
-                for c in range(ev):
-                    orow[c] *= alpha
-            _combine_rows(orow, s, vb, j0, nb, one)
+            if i + 1 < i1 - i0:  # row + 1 sees at least what row sees
+                last1 = row + 1 if causal else keys
+                _scores2(qb, row, kt, s0, s1, nb, e, scale)
+                _apply_mask(s0, nb, row, j0, last, mask, mask_kind)
+                _apply_mask(s1, nb, row + 1, j0, last1, mask, mask_kind)
+                _online_step(s0, nb, m, ell, i, ob[row])
+                _online_step(s1, nb, m, ell, i + 1, ob[row + 1])
+                _combine_rows2(ob[row], ob[row + 1], s0, s1, vb, j0, nb)
+                i += 2
+            else:
+                _scores(qb, row, kt, s0, nb, e, scale)
+                _apply_mask(s0, nb, row, j0, last, mask, mask_kind)
+                _online_step(s0, nb, m, ell, i, ob[row])
+                _combine_rows(ob[row], s0, vb, j0, nb, one)
+                i += 1
     for i in range(i1 - i0):
         row = i0 + i
         if ell[i] > 0.0:
@@ -367,22 +436,22 @@ def _forward_block(qb, kb, vb, mask, mask_kind, causal, scale, i0, i1, bc, kt, s
 
 
 @njit(parallel=True, **_JIT)
-def _forward(q, k, v, mask, qi, ki, vi, mi, mask_kind, causal, scale, br, bc, threads, out,
+def _forward(q, k, v, mask, qi, ki, vi, mi, mask_kind, causal, scale, br, bc, workers, out,
              lse):
     """out[h] = softmax(q[qi[h]] k[ki[h]]ᵀ · scale + mask[mi[h]]) v[vi[h]]; lse[h] its row
-    log-sum-exp. One work item is (h, query block); thread t of ``threads`` takes items t,
-    t + T, ..., so every thread gets early (cheap) and late causal blocks, and allocates its
-    tiles once. (``threads`` is an argument: ``numba.get_num_threads()`` in the kernel would
-    keep it out of the disk cache.)"""
+    log-sum-exp. One work item is (h, query block); worker w of ``workers`` takes items w,
+    w + W, ..., so every worker gets early (cheap) and late causal blocks, and allocates its
+    tiles once; workers are handed to threads one at a time (:func:`_run_parallel`), so a
+    thread the OS preempts holds up one worker's share, not half the work."""
     heads, length, ev = out.shape
     blocks = (length + br - 1) // br
     items = heads * blocks
-    for t in prange(threads):
+    for t in prange(workers):
         kt = np.empty((q.shape[2], bc), q.dtype)
-        s = np.empty(bc, q.dtype)
+        s = np.empty((2, bc), q.dtype)
         m = np.empty(br, q.dtype)
         ell = np.empty(br, np.float64)
-        for item in range(t, items, threads):
+        for item in range(t, items, workers):
             h, blk = item // blocks, item % blocks
             i0 = blk * br
             _forward_block(q[qi[h]], k[ki[h]], v[vi[h]], mask[mi[h]], mask_kind, causal, scale,
@@ -416,11 +485,19 @@ def _rank_update(dst, j0, nb, tile, rows, src, i0, factor):
 
 
 @njit(**_JIT)
+def _dscores(prow, dsrow, nb, d, scale):
+    """dsrow = scale · P ∘ (dP − D) on one row (``dsrow`` holds dP on entry)."""
+    for jj in range(nb):
+        dsrow[jj] = prow[jj] * (dsrow[jj] - d) * scale
+
+
+@njit(**_JIT)
 def _backward_head(qb, kb, vb, mask, mask_kind, causal, scale, br, bc, ob, lse, gb, dqb, dkb,
                    dvb, kt, vt, p, ds, dsum):
     """One head's gradients. Per key block (outer) and query block (inner): P = exp(S - lse)
-    recomputed, dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D), dQ += dS K · scale,
-    dK += dSᵀ Q · scale; a causal query block wholly above the key block is skipped."""
+    recomputed, dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) · scale, dQ += dS K,
+    dK += dSᵀ Q; a causal query block wholly above the key block is skipped; rows go two at a
+    time where both have keys."""
     length, e = qb.shape
     keys, ev = vb.shape
     one = scale / scale
@@ -443,40 +520,53 @@ def _backward_head(qb, kb, vb, mask, mask_kind, causal, scale, br, bc, ob, lse, 
         first = (j0 // br) * br if causal else 0
         for i0 in range(first, length, br):
             rows = min(br, length - i0)
-            for i in range(rows):
+            i = 0
+            while i < rows:
                 row = i0 + i
-                prow, dsrow = p[i], ds[i]
                 last = row if causal else keys
                 if j0 > last or lse[row] == -np.inf:
                     for jj in range(nb):
-                        prow[jj] = 0.0
-                        dsrow[jj] = 0.0
+                        p[i, jj] = 0.0
+                        ds[i, jj] = 0.0
+                    i += 1
                     continue
-                _scores(qb, row, kt, prow, nb, e, scale)
-                _apply_mask(prow, nb, row, j0, last, mask, mask_kind)
-                _exp_shifted(prow, nb, lse[row])
-                _scores(gb, row, vt, dsrow, nb, ev, one)
-                d = dsum[row]
-                for jj in range(nb):
-                    dsrow[jj] = prow[jj] * (dsrow[jj] - d)
-                _combine_rows(dqb[row], dsrow, kb, j0, nb, scale)
+                last1 = row + 1 if causal else keys
+                if i + 1 < rows and lse[row + 1] != -np.inf:  # two rows share the tile loads
+                    _scores2(qb, row, kt, p[i], p[i + 1], nb, e, scale)
+                    _apply_mask(p[i], nb, row, j0, last, mask, mask_kind)
+                    _apply_mask(p[i + 1], nb, row + 1, j0, last1, mask, mask_kind)
+                    _exp_shifted(p[i], nb, lse[row])
+                    _exp_shifted(p[i + 1], nb, lse[row + 1])
+                    _scores2(gb, row, vt, ds[i], ds[i + 1], nb, ev, one)
+                    _dscores(p[i], ds[i], nb, dsum[row], scale)
+                    _dscores(p[i + 1], ds[i + 1], nb, dsum[row + 1], scale)
+                    _combine_rows2(dqb[row], dqb[row + 1], ds[i], ds[i + 1], kb, j0, nb)
+                    i += 2
+                else:
+                    _scores(qb, row, kt, p[i], nb, e, scale)
+                    _apply_mask(p[i], nb, row, j0, last, mask, mask_kind)
+                    _exp_shifted(p[i], nb, lse[row])
+                    _scores(gb, row, vt, ds[i], nb, ev, one)
+                    _dscores(p[i], ds[i], nb, dsum[row], scale)
+                    _combine_rows(dqb[row], ds[i], kb, j0, nb, one)
+                    i += 1
             _rank_update(dvb, j0, nb, p, rows, gb, i0, one)
-            _rank_update(dkb, j0, nb, ds, rows, qb, i0, scale)
+            _rank_update(dkb, j0, nb, ds, rows, qb, i0, one)
 
 
 @njit(parallel=True, **_JIT)
-def _backward(q, k, v, mask, qi, ki, vi, mi, mask_kind, causal, scale, br, bc, threads, out,
+def _backward(q, k, v, mask, qi, ki, vi, mi, mask_kind, causal, scale, br, bc, workers, out,
               lse, g, dq, dk, dv):
     """Gradients of attention for head h into dq[h], dk[h], dv[h] (per head: the caller sums
-    heads that share a broadcast input). Thread t of ``threads`` takes heads t, t + T, ...."""
+    heads that share a broadcast input). Worker w of ``workers`` takes heads w, w + W, ...."""
     heads, length, ev = out.shape
-    for t in prange(threads):
+    for t in prange(workers):
         kt = np.empty((q.shape[2], bc), q.dtype)
         vt = np.empty((ev, bc), q.dtype)
         p = np.empty((br, bc), q.dtype)
         ds = np.empty((br, bc), q.dtype)
         dsum = np.empty(length, q.dtype)
-        for h in range(t, heads, threads):
+        for h in range(t, heads, workers):
             _backward_head(q[qi[h]], k[ki[h]], v[vi[h]], mask[mi[h]], mask_kind, causal, scale,
                            br, bc, out[h], lse[h], g[h], dq[h], dk[h], dv[h], kt, vt, p, ds, dsum)
 
@@ -598,6 +688,19 @@ def _threads(items):
     return max(min(numba.get_num_threads(), items), 1)
 
 
+WORKERS_PER_THREAD = 4
+
+
+def _run_parallel(kernel, items, *args):
+    """``kernel(*args[:-1], workers, *args[-1])`` with ``workers`` = up to 4 per thread, handed
+    to threads one at a time (Numba's dynamic chunks of 1): on a busy machine a preempted thread
+    delays a quarter of its share, not the whole call. (The count is an argument because
+    ``numba.get_num_threads()`` inside a kernel keeps it out of the disk cache.)"""
+    workers = max(min(items, WORKERS_PER_THREAD * numba.get_num_threads()), 1)
+    with numba.parallel_chunksize(1):
+        kernel(*args[:-1], workers, *args[-1])
+
+
 def attention_forward(q, k, v, attn_mask=None, *, is_causal=False, scale=None, enable_gqa=False,
                       blocks: Blocks | None = None, out=None):
     """Tiled online-softmax attention (FlashAttention-2's forward): the output and the row
@@ -631,9 +734,9 @@ def attention_forward(q, k, v, attn_mask=None, *, is_causal=False, scale=None, e
     if heads and L:
         br, bc = pb.blocks.br, pb.blocks.bc
         items = heads * -(-L // br)
-        _forward(pb.q, pb.k, pb.v, pb.mask, pb.qi, pb.ki, pb.vi, pb.mi, pb.mask_kind, pb.causal,
-                 pb.scale, br, bc, _threads(items), out.reshape(heads, L, ev),
-                 lse.reshape(heads, L))
+        _run_parallel(_forward, items, pb.q, pb.k, pb.v, pb.mask, pb.qi, pb.ki, pb.vi, pb.mi,
+                      pb.mask_kind, pb.causal, pb.scale, br, bc,
+                      (out.reshape(heads, L, ev), lse.reshape(heads, L)))
     return out, lse
 
 
@@ -677,9 +780,9 @@ def attention_backward(g, q, k, v, out, lse, attn_mask=None, *, is_causal=False,
     if heads and L and S:
         flat = [np.ascontiguousarray(a, dtype).reshape((heads,) + a.shape[len(pb.batch):])
                 for a in (out, lse, g)]
-        _backward(pb.q, pb.k, pb.v, pb.mask, pb.qi, pb.ki, pb.vi, pb.mi, pb.mask_kind,
-                  pb.causal, pb.scale, pb.blocks.br, pb.blocks.bc, _threads(heads), *flat,
-                  dq, dk, dv)
+        _run_parallel(_backward, heads, pb.q, pb.k, pb.v, pb.mask, pb.qi, pb.ki, pb.vi, pb.mi,
+                      pb.mask_kind, pb.causal, pb.scale, pb.blocks.br, pb.blocks.bc,
+                      (*flat, dq, dk, dv))
     q, k, v = (np.asarray(a) for a in (q, k, v))
     return (_sum_to(dq, pb.qi, q.shape), _sum_to(dk, pb.ki, k.shape),
             _sum_to(dv, pb.vi, v.shape))
@@ -700,7 +803,7 @@ def attention_out(out, q, k, v, *mask, is_causal=False, scale=None, enable_gqa=F
 
 def forward_workspace(avals, out, attrs=None, threads: int | None = None) -> int:
     """Bytes :func:`attention_out` holds besides its inputs and output: per thread a transposed
-    key tile (E × Bc), a score row (Bc) and the running max and sum (Br each); the row
+    key tile (E × Bc), two score rows (2 × Bc) and the running max and sum (Br each); the row
     log-sum-exp (heads × L); the per-head index arrays; and a bool mask turned into 0 / −∞ (the
     mask's own size in q's dtype). O(L), never L × S.
 
@@ -719,7 +822,7 @@ def forward_workspace(avals, out, attrs=None, threads: int | None = None) -> int
     blocks = fitted_blocks(e, v.shape[-1], L, avals[1].shape[-2], q.dtype)
     items = heads * -(-L // blocks.br)
     threads = _threads(items) if threads is None else max(min(threads, items), 1)
-    per_thread = (e * blocks.bc + blocks.bc + blocks.br) * size + blocks.br * 8
+    per_thread = (e * blocks.bc + 2 * blocks.bc + blocks.br) * size + blocks.br * 8
     total = threads * per_thread + heads * L * size + 4 * heads * 8
     if len(avals) == 4 and np.dtype(avals[3].dtype) == np.bool_:
         total += math.prod(avals[3].shape) * size

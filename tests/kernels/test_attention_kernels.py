@@ -114,6 +114,23 @@ def test_fully_masked_rows_and_empty_sequences_as_the_reference():
             np.testing.assert_allclose(got, ref, atol=1e-6)
 
 
+def test_causal_never_touches_key_blocks_above_the_diagonal():
+    """Keys past the last query are NaN: a kernel that computed those blocks and masked them
+    (0 · NaN) would return NaN; one that skips them returns attention over the first keys."""
+    rng = np.random.default_rng(4)
+    q, k, v, g = (rng.standard_normal(s).astype(np.float32)
+                  for s in ((2, 8, 4), (2, 40, 4), (2, 40, 3), (2, 8, 3)))
+    k[:, 8:], v[:, 8:] = np.nan, np.nan
+    blocks = A.Blocks(4, 4, 0, "test")
+    out, lse = A.attention_forward(q, k, v, is_causal=True, blocks=blocks)
+    want, want_lse, want_grads = _reference(q, k[:, :8], v[:, :8], None, g, {"is_causal": True})
+    _close(out, want, np.float32, "out")
+    dq, dk, dv = A.attention_backward(g, q, k, v, out, lse, is_causal=True, blocks=blocks)
+    _close(dq, want_grads[0], np.float32, "dq")
+    _close(dk[:, :8], want_grads[1], np.float32, "dk")
+    assert np.all(dk[:, 8:] == 0) and np.all(dv[:, 8:] == 0)
+
+
 def test_bad_shapes_and_dtypes_name_the_op():
     q = np.zeros((2, 4, 8), np.float32)
     with pytest.raises(ml.ShapeError, match="scaled_dot_product_attention.*k \\(2, 5, 7\\)"):
