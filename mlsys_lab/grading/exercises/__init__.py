@@ -20,6 +20,7 @@ CHAPTERS = {
     11: "ch11_distributed_training",
     13: "ch13_recommender_systems",
     18: "ch18_llm_inference",
+    19: "ch19_training_large_models",
 }
 
 
