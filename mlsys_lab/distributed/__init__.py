@@ -72,3 +72,8 @@ __all__ += ["fsdp"]
 from .parallel import expert  # noqa: E402
 
 __all__ += ["expert"]
+
+# The 3-D parallel planner (ch. 19): memory per GPU and step time of DP x TP x PP for a GPT.
+from .parallel import planner  # noqa: E402
+
+__all__ += ["planner"]

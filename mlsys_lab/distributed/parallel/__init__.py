@@ -18,3 +18,8 @@ __all__ = ["DeviceMesh", "data_parallel", "faults", "fsdp", "mesh", "pipeline_pa
 from . import expert  # noqa: E402
 
 __all__ += ["expert"]
+
+# The 3-D parallel planner: memory and step time of a GPT on a DP x TP x PP mesh (ch. 19).
+from . import planner  # noqa: E402
+
+__all__ += ["planner"]
