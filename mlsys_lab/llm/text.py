@@ -1,8 +1,8 @@
 """The training text: Python's own documentation, shipped inside every CPython install.
 
 ``pydoc_data/topics.py`` holds the language reference's topics that ``help("if")`` shows: 79
-topics, 464,970 characters (about 470 kB of UTF-8) of English prose with code in it on
-CPython 3.11. Nothing is downloaded. The topics are joined in sorted order, so the corpus is the
+topics of English prose with code in it; joined, 465,047 characters (466,194 bytes of UTF-8) on
+CPython 3.11 (216,402 tokens of the 512-token BPE). Nothing is downloaded. The topics are joined in sorted order, so the corpus is the
 same on every machine with the same Python, and split by position into training and held-out
 text.
 """
