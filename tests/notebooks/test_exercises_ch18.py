@@ -252,14 +252,14 @@ def test_speculative_own_random_source_fails():
 
 
 def test_the_exact_distribution_check_agrees_with_sampling():
-    """The judge's induced distribution is what sampling gives: 200k draws of the reference rule
-    with a poor draft match the target to 3 sigma."""
+    """The judge's induced distribution is what sampling gives: 40k draws of the reference rule
+    with a poor draft match the target to 4 sigma."""
     rng = np.random.default_rng(2)
     p = np.array([[0.5, 0.2, 0.15, 0.1, 0.05], [0.2] * 5])
     q = np.array([[0.05, 0.1, 0.15, 0.3, 0.4]])
     sample = lambda dist: int(rng.choice(5, p=dist))  # noqa: E731
-    n = 200_000
+    n = 40_000
     drafts = rng.choice(5, size=n, p=q[0])
     first = np.array([speculative_verify(p, q, [x], [rng.uniform()], sample)[0] for x in drafts])
     freq = np.bincount(first, minlength=5) / n
-    assert np.all(np.abs(freq - p[0]) < 3 * np.sqrt(p[0] * (1 - p[0]) / n)), freq
+    assert np.all(np.abs(freq - p[0]) < 4 * np.sqrt(p[0] * (1 - p[0]) / n)), freq
