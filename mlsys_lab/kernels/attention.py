@@ -466,19 +466,31 @@ def _forward(q, k, v, mask, qi, ki, vi, mi, mask_kind, causal, scale, br, bc, wo
 @njit(**_JIT)
 def _rank_update(dst, j0, nb, tile, rows, src, i0, factor):
     """dst[j0 + jj, :] += factor · Σ_i tile[i, jj] · src[i0 + i, :] over the ``rows`` rows of
-    the tile, four at a time (``dV += Pᵀ dO``, ``dK += dSᵀ Q``)."""
+    the tile (``dV += Pᵀ dO``, ``dK += dSᵀ Q``): two rows of ``dst`` and four of ``src`` per
+    pass, so each ``src`` row loaded serves two gradient rows."""
     n = src.shape[1]
     r4 = rows - rows % 4
-    for jj in range(nb):
-        drow = dst[j0 + jj]
+    n2 = nb - nb % 2
+    for jj in range(0, n2, 2):
+        d0, d1 = dst[j0 + jj], dst[j0 + jj + 1]
         for i in range(0, r4, 4):
             a0, a1 = tile[i, jj] * factor, tile[i + 1, jj] * factor
             a2, a3 = tile[i + 2, jj] * factor, tile[i + 3, jj] * factor
+            b0, b1 = tile[i, jj + 1] * factor, tile[i + 1, jj + 1] * factor
+            b2, b3 = tile[i + 2, jj + 1] * factor, tile[i + 3, jj + 1] * factor
             r = i0 + i
             for c in range(n):
-                drow[c] += a0 * src[r, c] + a1 * src[r + 1, c] + a2 * src[r + 2, c] \
-                    + a3 * src[r + 3, c]
+                s0, s1, s2, s3 = src[r, c], src[r + 1, c], src[r + 2, c], src[r + 3, c]
+                d0[c] += a0 * s0 + a1 * s1 + a2 * s2 + a3 * s3
+                d1[c] += b0 * s0 + b1 * s1 + b2 * s2 + b3 * s3
         for i in range(r4, rows):
+            a, b = tile[i, jj] * factor, tile[i, jj + 1] * factor
+            for c in range(n):
+                d0[c] += a * src[i0 + i, c]
+                d1[c] += b * src[i0 + i, c]
+    for jj in range(n2, nb):
+        drow = dst[j0 + jj]
+        for i in range(rows):
             a = tile[i, jj] * factor
             for c in range(n):
                 drow[c] += a * src[i0 + i, c]
