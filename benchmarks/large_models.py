@@ -1,11 +1,11 @@
 """Training large models (book chapter 19): what activation recomputation buys and costs.
 
-    python benchmarks/large_models.py [--quick] [--rounds 5]
+    python benchmarks/large_models.py [--quick] [--rounds 5] [--threads 1]
 
 Each section is a function returning printable rows, so further sections (FSDP, the 3-D
 parallel planner) can sit beside it.
 
-``recompute_rows`` — a 64-layer MLP (``relu(h @ W + b)`` per layer, width 256, batch 256,
+``recompute_rows`` — a 64-layer MLP (``relu(h @ W + b)`` per layer, width 320, batch 512,
 float32, loss = mean of squares), trained on the eager tape with three schedules:
 
 * **none** — every activation kept (the plain tape);
@@ -22,14 +22,17 @@ The chain model's peak (``chain_peak``, in layers' activations) is printed too, 
 target "sqrt(n) peak <= 2 sqrt(n) layers' worth plus one segment".
 
 Step time (forward + backward) is best-of-``--rounds``, all six contestants interleaved
-(``timing.compare``), on two paths: **graph** runs the transformed training graphs in the
-interpreter (the schedule exactly: the layers not saved are computed twice), **tape** runs
-``tape_step`` with ``ml.recompute`` per segment (``torch.utils.checkpoint``'s semantics: a
-segment's last, kept layer runs again in the replay too, so any schedule recomputes all n
-layers). The extra time is against no recomputation on the same path, beside the book's
-30-40 % (one more forward pass is about a third of a step whose backward costs twice its
-forward). Columns: layers recomputed and peak in layers' activations (the chain model), the
-planner's peak and arena (MiB), then ms and extra time per path.
+(``timing.compare``), with one BLAS thread (``--threads``: on a small shared machine BLAS
+threads that spin between calls make interleaved timings erratic), on two paths: **graph**
+runs the transformed training graphs in the interpreter (the schedule exactly: the layers
+not saved are computed twice), **tape** runs ``tape_step`` with ``ml.recompute`` per segment
+(``torch.utils.checkpoint``'s semantics: a segment's last, kept layer runs again in the
+replay too, so any schedule recomputes all n layers). The extra time is against no
+recomputation on the same path, beside the book's 30-40 % (one more forward pass is about a
+third of a step whose backward costs twice its forward).
+
+Columns: layers recomputed and peak in layers' activations (the chain model), the planner's
+peak and arena (MiB), then ms and extra time per path.
 """
 
 import argparse
@@ -100,9 +103,10 @@ def training_graph(ws, bs, x):
     return g, outs
 
 
-def recompute_rows(n=64, width=256, batch=256, budget_layers=16, rounds=5):
+def recompute_rows(n=64, width=320, batch=512, budget_layers=16, rounds=5, threads=1):
     """Peak activation memory (planner) and step time for no recomputation, sqrt(n) and the
-    optimal schedule at ``budget_layers`` layers' activations; returns (header, rows)."""
+    optimal schedule at ``budget_layers`` layers' activations, timed with ``threads`` BLAS
+    threads; returns (header, rows)."""
     ws, bs, x = _mlp(n, width, batch)
     flat = [a for wb in zip(ws, bs) for a in wb]
     params = [(ml.tensor(w, requires_grad=True), ml.tensor(b, requires_grad=True))
@@ -131,7 +135,8 @@ def recompute_rows(n=64, width=256, batch=256, budget_layers=16, rounds=5):
     for label, saved in schedules.items():
         steps[("graph", label)] = lambda g2=graphs[label]: g2(x, *flat)
         steps[("tape", label)] = lambda s=saved: tape_step(params, x, s)
-    times = timing.compare(steps, rounds=rounds, baseline=("graph", "none"))
+    with ml.limit_threads(blas=threads):
+        times = timing.compare(steps, rounds=rounds, baseline=("graph", "none"))
     rows = []
     for label in schedules:
         peak, arena, model, cost = memory[label]
@@ -141,7 +146,8 @@ def recompute_rows(n=64, width=256, batch=256, budget_layers=16, rounds=5):
             row += [t * 1e3, "" if label == "none" else f"{100 * (t / t0 - 1):+.0f} %"]
         rows.append(tuple(row))
     bound = 2 * math.sqrt(n) + math.ceil(math.sqrt(n))
-    header = (f"Activation recomputation: {n}-layer MLP, width {width}, batch {batch}, float32 "
+    header = (f"Activation recomputation: {n}-layer MLP, width {width}, batch {batch}, float32, "
+              f"{threads} BLAS thread{'s' if threads != 1 else ''} "
               f"(one layer's activation {layer_bytes / 2**20:.2f} MiB); book: "
               f"+{BOOK_EXTRA[0]}-{BOOK_EXTRA[1]} % time; target: sqrt(n) peak <= 2 sqrt(n) + "
               f"one segment = {bound:g} layers")
@@ -162,11 +168,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="16 layers, width 64, 2 rounds")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="BLAS threads while timing")
     args = parser.parse_args()
     if args.quick:
-        print_recompute(*recompute_rows(n=16, width=64, batch=64, budget_layers=8, rounds=2))
+        print_recompute(*recompute_rows(n=16, width=64, batch=64, budget_layers=8, rounds=2,
+                                        threads=args.threads))
     else:
-        print_recompute(*recompute_rows(rounds=args.rounds))
+        print_recompute(*recompute_rows(rounds=args.rounds, threads=args.threads))
 
 
 if __name__ == "__main__":
