@@ -56,9 +56,10 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
     return (new, np.array(rows)) if return_logits else new
 
 
-def decode_step_time(model, batch, context, repeats=5, clock=timing.SYSTEM_CLOCK):
+def decode_step_time(model, batch, context, repeats=5, budget=0.0, clock=timing.SYSTEM_CLOCK):
     """Seconds of one cached decode step (one new token for each of ``batch`` sequences that
-    hold ``context`` tokens): best of ``repeats`` after a warm-up."""
+    hold ``context`` tokens): best of ``repeats`` calls (and of ``budget`` seconds of calls)
+    after a warm-up."""
     if context + 1 > model.config.context:
         raise ArgumentError(f"decode_step_time: context {context} leaves no room in "
                             f"{model.config.context}")
@@ -73,13 +74,14 @@ def decode_step_time(model, batch, context, repeats=5, clock=timing.SYSTEM_CLOCK
             model(step, cache)
             cache.slot_lengths[:] = context  # forget it again: every call is the same step
 
-        return timing.best_of(one_step, repeats=repeats, clock=clock)
+        return timing.best_of(one_step, repeats=repeats, budget=budget, clock=clock)
 
 
-def prefill_time(model, tokens, repeats=3, clock=timing.SYSTEM_CLOCK):
-    """Seconds to run a prompt of ``tokens`` tokens into an empty cache (best of ``repeats``)."""
+def prefill_time(model, tokens, repeats=3, budget=0.0, clock=timing.SYSTEM_CLOCK):
+    """Seconds to run a prompt of ``tokens`` tokens into an empty cache (best of ``repeats``
+    calls and of ``budget`` seconds of calls)."""
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, tokens))
     with no_grad():
         def one():
             model(ids, KVCache(model.config, 1, tokens))
-        return timing.best_of(one, repeats=repeats, clock=clock)
+        return timing.best_of(one, repeats=repeats, budget=budget, clock=clock)

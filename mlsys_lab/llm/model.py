@@ -63,9 +63,8 @@ def attention(q, k, v, mask=None, causal=False, composed=False):
 
     ``composed=True`` computes the same formula from ``matmul``, ``where`` and ``softmax``
     (what the training script used, before the op had fast kernels)."""
-    sdpa = getattr(ops, "scaled_dot_product_attention", None)
-    if sdpa is not None and not composed:
-        return sdpa(q, k, v, attn_mask=mask, is_causal=causal)
+    if not composed:
+        return ops.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(q.shape[-1]))
     if causal:
         mask = np.tril(np.ones((q.shape[-2], k.shape[-2]), bool))

@@ -68,9 +68,10 @@ class CostModel:
 
 
 def measure_cost_model(model, batch_sizes=(1, 2, 4, 8, 16), contexts=(16, 64, 128),
-                       prefill=(32, 128), repeats=5):
+                       prefill=(32, 128), repeats=5, budget=0.0):
     """Fit a :class:`CostModel` to measured cached decode steps of ``model`` (each batch size
-    at each context length) and prompt runs (least squares; coefficients kept >= 0).
+    at each context length, the best of ``repeats`` calls and of ``budget`` seconds of calls)
+    and prompt runs (least squares; coefficients kept >= 0).
 
     Returns:
         ``(cost_model, measurements)`` with measurements a list of
@@ -80,12 +81,12 @@ def measure_cost_model(model, batch_sizes=(1, 2, 4, 8, 16), contexts=(16, 64, 12
     decode = []
     for b in batch_sizes:
         for L in contexts:
-            t = decode_step_time(model, b, L, repeats=repeats)
+            t = decode_step_time(model, b, L, repeats=repeats, budget=budget)
             decode.append((b, L, t))
             rows.append([1.0, b, b * L])
             times.append(t)
     coef = np.maximum(np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)[0], 0.0)
-    pre = [(n, prefill_time(model, n, repeats=repeats)) for n in prefill]
+    pre = [(n, prefill_time(model, n, repeats=repeats, budget=budget)) for n in prefill]
     per_prefill = max(0.0, float(np.polyfit([n for n, _ in pre], [t for _, t in pre], 1)[0]))
     return CostModel(*map(float, coef), per_prefill), {"decode": decode, "prefill": pre}
 

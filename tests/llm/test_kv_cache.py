@@ -70,3 +70,21 @@ def test_cache_overflow_is_refused(tiny):
     cache = llm.KVCache(tiny.config, 1, 8)
     with ml.no_grad(), pytest.raises(ml.OutOfMemoryError, match="max_len 8"):
         tiny(np.zeros((1, 9), np.int64), cache)
+
+
+def test_composed_attention_of_training_equals_the_op(tiny):
+    """The training script's matmul/softmax attention and the op give the same logits."""
+    ids = np.random.default_rng(4).integers(0, 61, (2, 30))
+    with ml.no_grad():
+        op = tiny(ids).numpy()
+        for block in tiny.blocks:
+            block.composed_attention = True
+        try:
+            composed = tiny(ids).numpy()
+            cache = llm.KVCache(tiny.config, 2)
+            inc = np.concatenate([tiny(ids[:, :11], cache).numpy(),
+                                  tiny(ids[:, 11:], cache).numpy()], axis=1)
+        finally:
+            for block in tiny.blocks:
+                block.composed_attention = False
+    assert np.abs(op - composed).max() <= 1e-5 and np.abs(op - inc).max() <= 1e-5
