@@ -2,9 +2,9 @@
 
 ``pydoc_data/topics.py`` holds the language reference's topics that ``help("if")`` shows: 79
 topics of English prose with code in it; joined, 465,047 characters (466,194 bytes of UTF-8) on
-CPython 3.11 (216,402 tokens of the 512-token BPE). Nothing is downloaded. The topics are joined in sorted order, so the corpus is the
-same on every machine with the same Python, and split by position into training and held-out
-text.
+CPython 3.11 (216,402 tokens of the 512-token BPE). Nothing is downloaded. The topics are
+joined in sorted order, so the corpus is the same on every machine with the same Python, and
+split by position into training and held-out text.
 """
 
 import numpy as np
