@@ -825,6 +825,29 @@ def attention_out(out, q, k, v, *mask, is_causal=False, scale=None, enable_gqa=F
                       enable_gqa=enable_gqa, out=out)
 
 
+def attention_grad_out(out, g, q, k, v, *mask, is_causal=False, scale=None, enable_gqa=False):
+    """``out_fn`` of ``scaled_dot_product_attention_grad`` (inputs ``g, q, k, v[, mask]``): no
+    forward is saved between ops, so one tiled forward recomputes the output and the row
+    log-sum-exp, then :func:`attention_backward` sweeps the tiles; the packed
+    ``(dq, dk, dv)`` is written into ``out``."""
+    m = mask[0] if mask else None
+    attrs = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    o, lse = attention_forward(q, k, v, m, **attrs)
+    start = 0
+    for d in attention_backward(g, q, k, v, o, lse, m, **attrs):
+        out[start:start + d.size] = d.reshape(-1)
+        start += d.size
+
+
+def backward_workspace(avals, out, attrs=None, threads: int | None = None) -> int:
+    """Bytes :func:`attention_grad_out` holds besides its inputs and output: the recomputed
+    forward's workspace (:func:`forward_workspace`, including the row log-sum-exp) and its
+    output (shaped like ``g``); the backward's per-head rows are O(L) too. Never L × S."""
+    g = avals[0]
+    return forward_workspace(avals[1:], g, attrs, threads) + int(
+        math.prod(g.shape) * np.dtype(g.dtype).itemsize)
+
+
 def forward_workspace(avals, out, attrs=None, threads: int | None = None) -> int:
     """Bytes :func:`attention_out` holds besides its inputs and output: per thread a transposed
     key tile (E × Bc), two score rows (2 × Bc) and the running max and sum (Br each); the row

@@ -110,3 +110,6 @@ register_impl("scaled_dot_product_attention", "cuda", _cuda_attention,
 register_impl("scaled_dot_product_attention", "cpu", attention.attention_out,
               name="numba.flash_attention", dtypes=("float32", "float64"),
               workspace=attention.forward_workspace)
+register_impl("scaled_dot_product_attention_grad", "cpu", attention.attention_grad_out,
+              name="numba.flash_attention_backward", dtypes=("float32", "float64"),
+              workspace=attention.backward_workspace)

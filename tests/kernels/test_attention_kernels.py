@@ -232,6 +232,30 @@ def test_cuda_forward_matches_exact_attention_under_the_simulator(case):
     _close(lse[live], want_lse[live], np.float32, "lse")
 
 
+def test_a_compiled_gradient_runs_the_tiled_backward_kernel():
+    """The op's VJP is the gradient op, so ml.compile of a gradient selects the tiled backward
+    (which recomputes the forward from q, k, v) and declares its O(L) workspace."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 37, 8)).astype(np.float32) for _ in range(3))
+    g = rng.standard_normal((2, 37, 8)).astype(np.float32)
+
+    def loss(q, k, v):
+        return ops.sum(ops.scaled_dot_product_attention(q, k, v, is_causal=True) * ml.tensor(g))
+
+    c = ml.compile(ml.grad(loss, argnums=(0, 1, 2)), q, k, v)
+    node = next(n for n in c.graph.nodes if n.op == "scaled_dot_product_attention_grad")
+    assert node.meta["kernel"].name == "numba.flash_attention_backward"
+    out, lse = attention_reference(*(a.astype(np.float64) for a in (q, k, v)), is_causal=True,
+                                   return_lse=True)
+    want = attention_backward_reference(g.astype(np.float64), *(a.astype(np.float64)
+                                        for a in (q, k, v)), out, lse, is_causal=True)
+    for got, ref in zip(c(q, k, v), want):
+        np.testing.assert_allclose(got, ref, atol=5e-6)
+    declared = A.backward_workspace([x.aval for x in node.inputs], node.outputs[0].aval)
+    assert declared in [r.size for r in c.lifetimes if isinstance(r.id, memory.Workspace)]
+    assert declared < 37 * 37 * 4 * 2  # not an L x S matrix per head
+
+
 def test_cuda_selection_picks_the_cuda_kernel():
     from mlsys_lab.kernels import attention_cuda
 
