@@ -338,9 +338,10 @@ def explain_selection(graph):
     """Text table: node, op, device, the selected kernel's name and the reason."""
     chosen = [n for n in graph.nodes if n.meta.get("choice") is not None]
     width = max([26] + [len(n.meta["kernel"].name) + 1 for n in chosen])
-    rows = [f"{'node':<6}{'op':<22}{'device':<11}{'kernel':<{width}}reason"]
+    ops_width = max([22] + [len(n.op) + 2 for n in graph.nodes])
+    rows = [f"{'node':<6}{'op':<{ops_width}}{'device':<11}{'kernel':<{width}}reason"]
     for n in chosen:
         c = n.meta["choice"]
-        rows.append(f"#{n.id:<5}{n.op:<22}{c.device:<11}{n.meta['kernel'].name:<{width}}"
+        rows.append(f"#{n.id:<5}{n.op:<{ops_width}}{c.device:<11}{n.meta['kernel'].name:<{width}}"
                     f"{c.reason}")
     return "\n".join(rows)

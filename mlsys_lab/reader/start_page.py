@@ -15,6 +15,11 @@ __all__ = ["start_page", "write_start_page"]
 BOOK = "https://openmlsys.github.io/"
 
 
+#: The book's last chapter on its website; notebooks numbered above it are the English edition's
+#: extra material.
+LAST_BOOK_CHAPTER = 17
+
+
 def _link(path: str | None, text: str) -> str:
     return f"[{text}]({path})" if path else "—"
 
@@ -43,6 +48,11 @@ def start_page(root: Path | None = None) -> nbformat.NotebookNode:
     if skipped:
         table += ("\n\nThe numbers follow the book's website, where " + "; ".join(skipped) +
                   ": those pages have no content to run, so no notebook carries their numbers.")
+    later = [str(c.number) for c in found if c.number > LAST_BOOK_CHAPTER]
+    if later:
+        table += (f" {' and '.join(later)} come{'s' if len(later) == 1 else ''} after the book's "
+                  f"last chapter ({LAST_BOOK_CHAPTER}): the English edition's LLM material, "
+                  "numbered to follow on.")
     work = (
         "## Exercises and solutions\n\n"
         "Each chapter has graded exercises. Open the student version in `exercises/`, replace "

@@ -280,6 +280,7 @@ def test_start_page_is_committed_up_to_date_and_links_everything():
         assert c.notebook in links and c.english in text and c.chinese in text
         assert (c.exercises is None or c.exercises in links)
     assert "5 is the opening page of the advanced part" in text
+    assert "18 and 19 come after the book's last chapter (17)" in text
 
 
 def test_catalogue_reads_names_from_the_notebooks(tmp_path):
