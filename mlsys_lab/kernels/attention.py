@@ -136,7 +136,10 @@ def fitted_blocks(e: int, ev: int, length: int, keys: int, dtype=np.float32) -> 
     b = attention_blocks(e, ev, dtype)
     bc = min(b.bc, max(-(-keys // 16) * 16, MIN_BLOCK))
     br = max(min(b.br, length), 1)
-    return b if (br, bc) == (b.br, b.bc) else dataclasses.replace(b, br=br, bc=bc)
+    if (br, bc) == (b.br, b.bc):
+        return b
+    note = f"; fitted to {length} queries x {keys} keys: Br = {br}, Bc = {bc}"
+    return dataclasses.replace(b, br=br, bc=bc, rule=b.rule + note)
 
 
 # ------------------------------------------------------------------------------------------------
