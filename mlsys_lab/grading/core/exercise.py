@@ -245,7 +245,8 @@ def _load_chapter(chapter: int) -> None:
     index = __import__("mlsys_lab.grading.exercises", fromlist=["package_of"])
     module = index.package_of(chapter)
     if module is None:
-        raise UnknownExerciseError(f"chapter {chapter} has no exercise checks")
+        raise UnknownExerciseError(f"chapter {chapter} has no exercise checks (no entry in "
+                                   f"mlsys_lab.grading.exercises.CHAPTERS)")
     __import__(module, fromlist=["__name__"])
 
 

@@ -377,6 +377,13 @@ def _library_roots() -> tuple[str, ...]:
     return _ROOTS[0]
 
 
+def _claims_installed(code: types.CodeType) -> bool:
+    """Whether ``code`` says it comes from an installed file (the standard library,
+    site-packages, mlsys_lab): notebook cells never do."""
+    filename = code.co_filename
+    return not filename.startswith("<") and os.path.realpath(filename).startswith(_library_roots())
+
+
 def _as_on_disk(code: types.CodeType) -> bool:
     """Whether ``code`` is exactly what an installed source file (the standard library's,
     site-packages', mlsys_lab's), as it is on disk, compiles to at its place: the library's own
@@ -1336,7 +1343,10 @@ class Guard:
     def _clone_of(self, code: types.CodeType, fp: str, qualname: str) -> str | None:
         """The label of the forbidden function ``code`` is a clone of: the same instruction
         stream under the same qualified name, or the very same bytes, constants (docstring
-        included) and local and global names under any name. Comprehensions and lambdas
+        included) and local and global names under any name — for a short function (under
+        ``DISTINCTIVE`` instructions) only when its code claims an installed file, as a clone
+        made with ``code.replace`` does: a student's own cell can write fib's three-line loop
+        byte for byte. Comprehensions and lambdas
         (``<listcomp>``) are never clones by themselves: a short ``[f(v) for v in xs]`` is the
         same bytes everywhere."""
         if code.co_name.startswith("<"):
@@ -1344,6 +1354,8 @@ class Guard:
         for e in self._by_clone.get(fp, ()):
             if e["qualname"] == qualname:
                 return e["label"]
+            if e["size"] < DISTINCTIVE and not _claims_installed(code):
+                continue  # a short function written by hand can be byte-identical (fib's loop)
             original = _forbidden_code(self._state, (e["file"], e["line"], e["qualname"]), fp)
             if original is not None and _exact(original) == _exact(code):
                 return e["label"]
