@@ -61,11 +61,11 @@ import math
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from ..engine.numba_cache import CACHE
+from ..engine.passes.fusion.elementwise import numba_intrinsics
 from ..errors import DTypeError, ShapeError
 from . import cpu_config
 
@@ -147,29 +147,9 @@ def fitted_blocks(e: int, ev: int, length: int, keys: int, dtype=np.float32) -> 
 # ------------------------------------------------------------------------------------------------
 
 
-@intrinsic
-def _fma(typingctx, a, b, c):
-    """``a*b + c`` rounded once (``llvm.fma``: one vector instruction with FMA)."""
-    if isinstance(a, types.Float) and a == b == c:
-        return a(a, b, c), lambda context, builder, sig, args: builder.fma(*args)
-    return None
-
-
-@intrinsic
-def _add_exponent(typingctx, p, kb):
-    """``p · 2**k`` for a normal result, ``kb`` holding ``k`` in its low mantissa bits (made by
-    adding ``1.5 · 2**m`` to k, m = 23 or 52): the bits of ``kb`` shifted to the exponent field
-    are added to those of ``p``."""
-    if not (isinstance(p, types.Float) and p == kb):
-        return None
-
-    def codegen(context, builder, sig, args):
-        bits = ir.IntType(p.bitwidth)
-        shift = ir.Constant(bits, 23 if p.bitwidth == 32 else 52)
-        p_bits, kb_bits = (builder.bitcast(a, bits) for a in args)
-        total = builder.add(p_bits, builder.shl(kb_bits, shift))
-        return builder.bitcast(total, context.get_value_type(p))
-    return p(p, kb), codegen
+# fma(a, b, c) rounded once and p * 2**k by exponent bits: the same intrinsics the fused
+# element-wise kernels use.
+_fma, _add_exponent = numba_intrinsics()
 
 
 _F32 = np.float32

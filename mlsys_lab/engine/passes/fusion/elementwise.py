@@ -201,7 +201,7 @@ _EXP_2S = {
 _INTRINSICS = {}
 
 
-def _intrinsics():
+def numba_intrinsics():
     """``fma(a, b, c)``: a*b + c rounded once (LLVM's ``llvm.fma``, one vector instruction on
     AVX2); ``add_exponent(p, kb)``: ``p * 2**k`` for a normal result, where ``kb = k + 1.5 *
     2**m`` (m = 23 or 52) holds k in its low mantissa bits, made by adding the bits of ``kb``
@@ -236,7 +236,7 @@ def _intrinsics():
 
 
 def _exp_2x_parts(dt):
-    """``parts(v) -> (p, kb)`` with ``e**(2v) = p * 2**k`` (``kb`` as in :func:`_intrinsics`),
+    """``parts(v) -> (p, kb)`` with ``e**(2v) = p * 2**k`` (``kb`` as in :func:`numba_intrinsics`),
     for ``2v`` within the exponent range: ``k = rint(2v / ln 2)``, ``s = v - k ln(2)/2`` (Cody
     and Waite) and ``p = E(s)``, the polynomial ``_EXP_2S``. float64 splits ln(2)/2 in two (the
     high part, fdlibm's, has 21 trailing zero bits, so ``k * hi`` is exact); float32 uses one
@@ -244,7 +244,7 @@ def _exp_2x_parts(dt):
     below 3e-8, which tanh damps to a small fraction of an ulp."""
     import numba
 
-    fma, _ = _intrinsics()
+    fma, _ = numba_intrinsics()
     f = dt.type
     coeffs = tuple(f(c) for c in _EXP_2S[dt.name])
     magic = f(1.5 * 2.0 ** (np.finfo(dt).nmant))  # adding it rounds to an integer, kept in bits
@@ -300,7 +300,7 @@ def _tanh(dt):
     (float64), where the formula gives exactly 1; exactly ±1 from :func:`_tanh_saturation` on.
     The sign is copied back, so ``tanh(-0.) = -0.``; NaN stays NaN.
     """
-    fma, add_exponent = _intrinsics()
+    fma, add_exponent = numba_intrinsics()
     parts, horner = _exp_2x_parts(dt)
     f = dt.type
     coeffs = tuple(f(c) for c in _TANH_R[dt.name])
@@ -329,7 +329,7 @@ def _sigmoid_f32():
     0 below -103.97). So the generated kernel equals eager mode exactly wherever numpy uses that
     kernel (x86-64 with AVX2 or AVX512F); where numpy calls libm's expf instead, the two differ by
     numpy's kernel's error, at most 2.52 ulp in z."""
-    fma, add_exponent = _intrinsics()
+    fma, add_exponent = numba_intrinsics()
     f = np.float32
     num = tuple(map(f, (5.082762527590693718096e-04, 6.757896990527504603057e-03,
                         5.114512081637298353406e-02, 2.473615434895520810817e-01,
@@ -364,7 +364,7 @@ def _sigmoid_f64():
     / (1 + z)``, with ``exp`` from :func:`_exp_2x_parts` (``e**(-|x|) = e**(2v)``, ``v =
     -|x|/2``), rounded once into the subnormals (``e**-745.14`` already rounds to 0); NaN stays
     NaN."""
-    _, add_exponent = _intrinsics()
+    _, add_exponent = numba_intrinsics()
     parts, _ = _exp_2x_parts(np.dtype(np.float64))
 
     def sigmoid(x):
