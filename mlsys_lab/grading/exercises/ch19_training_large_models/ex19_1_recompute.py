@@ -13,7 +13,7 @@ forward call: the judge checks the gradient, that no layer runs forward more tha
 (once in the forward pass, at most once again in backward: at most 2n calls), and the peak
 number of live activations against ``len(keep) + the longest segment + 2``.
 
-Wrong ideas rejected: keeping every activation (the peak grows with n: 24 layers here); re-running
+Wrong ideas rejected: keeping every activation (the peak grows with n: 16 layers here); re-running
 the forward from ``x`` for every layer (forward calls grow as n²); recomputing a segment from
 the wrong kept activation or one layer short (the gradient is wrong); forgetting the last
 segment's own forward (too few calls or a wrong gradient); a segment recomputed more than once.
@@ -161,10 +161,10 @@ register(
                  probe=_probe(7, "random"), judge=_judge(7, "random", False, False)),
             Case("each layer runs forward once more, no more", 2,
                  feedback="re-run a segment once, from its own kept activation",
-                 probe=_probe(24, "sqrt"), judge=_judge(24, "sqrt", True, False)),
+                 probe=_probe(16, "sqrt"), judge=_judge(16, "sqrt", True, False)),
             Case("only the kept activations and one segment are alive", 2,
                  feedback="drop the activations inside a segment after the forward pass",
-                 probe=_probe(24, "sqrt"), judge=_judge(24, "sqrt", False, True)),
+                 probe=_probe(16, "sqrt"), judge=_judge(16, "sqrt", False, True)),
         ),
     ),
 )
