@@ -589,11 +589,12 @@ def grading_imports(source: str) -> frozenset[str]:
     return frozenset(found)
 
 
-def modules_of(chapter: int) -> list[str]:
+def modules_of(chapter: int, also: tuple[str, ...] = ()) -> list[str]:
     """Every grading module a chapter's checks run on in the kernel: the kernel's entry points,
-    the chapter's exercise package and everything they import."""
+    the chapter's exercise package and everything they import (with ``also``: those modules
+    and their imports too)."""
     package = package_of(chapter)
-    todo = [*KERNEL_MODULES, *([package] if package else [])]
+    todo = [*KERNEL_MODULES, *([package] if package else []), *also]
     seen: set[str] = set()
     while todo:
         name = todo.pop()

@@ -22,7 +22,7 @@ from typing import Any
 import nbformat
 
 from mlsys_lab.errors import ArgumentError
-from mlsys_lab.grading.core.grader import grading_imports, module_file, modules_of
+from mlsys_lab.grading.core.grader import module_file, modules_of
 from mlsys_lab.grading.course.builder import (
     _build_text,
     _required_sources,
@@ -44,18 +44,6 @@ def _version() -> str:
     return __version__
 
 
-def _modules_of(chapter: int) -> list[str]:
-    """The grading modules a chapter's checks run on (kernel and judge side)."""
-    todo = [*modules_of(chapter), *_JUDGE_SIDE]
-    seen: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo.extend(grading_imports(module_file(name).read_text("utf-8")))
-    return sorted(seen)
-
-
 def checks_stamp(chapter: int) -> str:
     """``"sha256:<16 hex>"`` of the installed checks of a chapter (its exercises and the grading
     modules they run on).
@@ -67,7 +55,7 @@ def checks_stamp(chapter: int) -> str:
         raise ArgumentError(f"checks_stamp: chapter {chapter} has no exercises "
                             f"(not in mlsys_lab.grading.exercises.CHAPTERS)")
     digest = hashlib.sha256()
-    for name in _modules_of(chapter):
+    for name in modules_of(chapter, _JUDGE_SIDE):
         digest.update(name.encode() + b"\0" + module_file(name).read_bytes() + b"\0")
     return "sha256:" + digest.hexdigest()[:16]
 
