@@ -36,9 +36,11 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "mlsys_lab"
 #:   loader feeds layers, never the reverse), which leaves it free to use them later.
 #: - ``distributed`` uses ``data`` (the fault-tolerant sampler) and ``nn``.
 #: - the chapter packages ``deploy`` and ``recsys`` build on all of that (``recsys`` places tables
-#:   with ``distributed``'s cost model and simulator); new chapter packages (federated, rl,
-#:   explain, robotics, llm) join this tier when they land, or a new tier if one needs another.
-#: - ``llm`` quantises its GPT with ``deploy.quant``, so it sits one tier above deploy.
+#:   with ``distributed``'s cost model and simulator).
+#: - ``llm`` quantises its GPT with ``deploy.quant``, so it sits one tier above deploy; the
+#:   other later chapter packages (``federated``, ``rl``, ``explain``, ``robotics``) sit beside
+#:   it, free to use everything below (the simulator, deploy's models) and independent of each
+#:   other.
 #: - ``viz`` draws what the layers below record (it imports ``distributed`` to draw collectives
 #:   and pipeline schedules), so it sits above the chapter packages, not beside the engine;
 #:   the engine draws through a renderer ``viz`` registers.
@@ -56,7 +58,7 @@ TIERS = [
     ("data",),
     ("distributed",),
     ("deploy", "recsys"),
-    ("llm",),
+    ("llm", "federated", "rl", "explain", "robotics"),
     ("viz",),
     ("mlsys_lab",),
     ("reader",),

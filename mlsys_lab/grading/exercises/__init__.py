@@ -19,6 +19,10 @@ CHAPTERS = {
     10: "ch10_model_deployment",
     11: "ch11_distributed_training",
     13: "ch13_recommender_systems",
+    14: "ch14_federated_learning",
+    15: "ch15_reinforcement_learning",
+    16: "ch16_explainable_ai",
+    17: "ch17_robotic_systems",
     18: "ch18_llm_inference",
     19: "ch19_training_large_models",
 }
