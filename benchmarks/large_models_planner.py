@@ -7,11 +7,13 @@ cost of an imbalanced mixture-of-experts router.
 "Efficient large-scale language model training on GPU clusters using Megatron-LM" (SC21).
 
 (a) **Table 1** (weak scaling; all models: sequence 2048, vocabulary 51,200). The paper could
-not be consulted here: the rows below are recalled, and their shapes reproduce the table's
-parameter counts to its one decimal (1.7 ... 1008.0 B by the paper's Eq. 2, printed beside
-them), which checks the shapes but not the throughputs. Columns: billions of parameters,
-heads, hidden, layers, tensor-parallel size t, pipeline size p, GPUs, global batch B, achieved
-teraFLOP/s per GPU as reported:
+not be consulted here. The rows below were first recalled, then checked against an independent
+transcription of the table (the file ``data/megatron_table.csv`` of the public repository
+SotaroKaneda/MLCarbon, which its tests read as "Megatron Table 1"): all ten rows agree in every
+column, the throughputs included. Their shapes also reproduce the table's parameter counts to
+its one decimal (1.7 ... 1008.0 B by the paper's Eq. 2, printed beside them). Columns:
+billions of parameters, heads, hidden, layers, tensor-parallel size t, pipeline size p, GPUs,
+global batch B, achieved teraFLOP/s per GPU as reported:
 
     1.7    24   2304   24   1   1     32   512   137
     3.6    32   3072   30   2   1     64   512   138
@@ -58,8 +60,8 @@ import mlsys_lab as ml
 from mlsys_lab.distributed import sim
 from mlsys_lab.distributed.parallel import expert, planner
 
-#: Narayanan et al. 2021, Table 1 (recalled; module docstring): billions of parameters, heads,
-#: hidden, layers, t, p, GPUs, global batch, reported teraFLOP/s per GPU.
+#: Narayanan et al. 2021, Table 1 (checked against a transcription; module docstring): billions
+#: of parameters, heads, hidden, layers, t, p, GPUs, global batch, reported teraFLOP/s per GPU.
 TABLE1 = [
     (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
     (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
