@@ -35,6 +35,7 @@ from .engine.dtypes import (  # noqa: E402
 from .engine.graph import Graph  # noqa: E402
 from .engine.graph import set_svg_renderer as _set_svg_renderer  # noqa: E402
 from .engine.interpreter import MEMORY_LIMIT as _MEMORY_LIMIT  # noqa: E402
+from .engine.per_example import per_example_grad  # noqa: E402
 from .engine.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402
 from .engine.threads import limit_threads, num_threads, set_num_threads  # noqa: E402
 from .engine.trace import trace  # noqa: E402
@@ -66,9 +67,9 @@ __all__ = [
     "bool_",
     "compile", "compile_train_step", "custom_op", "enable_grad", "float16", "float32", "float64",
     "grad", "grad_graph", "gradients", "hvp", "int8", "int16", "int32", "int64", "is_grad_enabled",
-    "jvp", "limit_threads", "no_grad", "num_threads", "ones", "ops", "randn", "set_num_threads",
-    "tape_to_graph", "tensor", "trace", "uint8", "uint16", "uint32", "uint64", "value_and_grad",
-    "vjp", "zeros",
+    "jvp", "limit_threads", "no_grad", "num_threads", "ones", "ops", "per_example_grad", "randn",
+    "set_num_threads", "tape_to_graph", "tensor", "trace", "uint8", "uint16", "uint32", "uint64",
+    "value_and_grad", "vjp", "zeros",
 ]
 
 
