@@ -17,3 +17,15 @@ Public names (the chapter notebook and the exercises refer to these)::
 Distributed RL lives in :mod:`mlsys_lab.rl.distributed` (``vtrace``, ``ActorLearner``,
 ``simulate_actor_learner``, ``simulate_a3c``).
 """
+
+from .advantage import gae
+from .dqn import DQN, DQNConfig, huber
+from .evaluation import evaluate
+from .networks import GradStep, mlp
+from .ppo import PPO, ActorCritic, PPOConfig, ppo_loss
+from .pretrained import load_agent, load_pretrained, save_agent
+from .replay import ReplayBuffer
+
+__all__ = ["ReplayBuffer", "gae", "DQN", "DQNConfig", "PPO", "PPOConfig", "ActorCritic",
+           "ppo_loss", "huber", "evaluate", "GradStep", "mlp", "load_agent", "load_pretrained",
+           "save_agent"]
