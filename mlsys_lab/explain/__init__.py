@@ -6,20 +6,20 @@ cost. ``README.md`` maps each method to its module and the book's section.
 """
 
 from .cam import grad_cam, split_at, upsample
+from .concepts import TCAVResult, concept_activation_vector, t_test, tcav, tcav_score
 from .core import CountedModel, Explanation
 from .gradients import gradient_x_input, integrated_gradients, path_rule, saliency, smoothgrad
 from .lime import lime_tabular, weighted_ridge
 from .perturbation import occlusion, rise, rise_masks
 from .sanity import cascading_randomisation, randomised, spearman
 from .shapley import (
-                      CoalitionGame,
-                      all_coalitions,
-                      exact_shapley,
-                      kernel_shap,
-                      kernel_shap_solve,
-                      shapley_kernel,
+    CoalitionGame,
+    all_coalitions,
+    exact_shapley,
+    kernel_shap,
+    kernel_shap_solve,
+    shapley_kernel,
 )
-from .tcav import TCAVResult, concept_activation_vector, t_test, tcav, tcav_score
 
 __all__ = [
     "CoalitionGame", "CountedModel", "Explanation", "TCAVResult", "all_coalitions",

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mlsys_lab.explain import cam, gradients, sanity, tcav
+from mlsys_lab.explain import cam, concepts, gradients, sanity
 from mlsys_lab.nn import Linear, Sequential, Tanh
 
 
@@ -36,9 +36,9 @@ def test_tcav_is_significant_for_the_planted_concept_only():
 
     inputs = noise(40)
     randoms = [noise(30) for _ in range(8)]
-    planted = tcav.tcav(model, 0, inputs, 0, noise(30) + u, randoms)
-    ignored = tcav.tcav(model, 0, inputs, 0, noise(30) + 2 * u2, randoms)
-    random = tcav.tcav(model, 0, inputs, 0, noise(30), randoms)
+    planted = concepts.tcav(model, 0, inputs, 0, noise(30) + u, randoms)
+    ignored = concepts.tcav(model, 0, inputs, 0, noise(30) + 2 * u2, randoms)
+    random = concepts.tcav(model, 0, inputs, 0, noise(30), randoms)
     assert planted.significant and planted.score > 0.95, planted
     assert not ignored.significant, ignored
     assert not random.significant, random
@@ -52,9 +52,9 @@ def test_t_test_p_values_are_students():
     for t, df, p in ((2.228138851986, 10, 0.050000000000023255),
                      (1.0, 5, 0.3632174676491229), (3.0, 30, 0.005389964065651945),
                      (0.5, 2, 0.6666666666666667)):
-        assert tcav.betainc(df / 2, 0.5, df / (df + t * t)) == pytest.approx(p, rel=1e-10)
+        assert concepts.betainc(df / 2, 0.5, df / (df + t * t)) == pytest.approx(p, rel=1e-10)
     a, b = [0.9, 0.95, 1.0, 0.85], [0.4, 0.6, 0.5, 0.55]
-    t, p = tcav.t_test(a, b)
+    t, p = concepts.t_test(a, b)
     scipy = pytest.importorskip("scipy.stats")
     ref = scipy.ttest_ind(a, b)
     assert t == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue, rel=1e-9)
@@ -62,10 +62,10 @@ def test_t_test_p_values_are_students():
 
 def test_t_test_without_scipy_against_a_hand_computation():
     a, b = [1.0, 2.0, 3.0], [4.0, 5.0, 6.0]
-    t, p = tcav.t_test(a, b)
+    t, p = concepts.t_test(a, b)
     assert t == pytest.approx(-3.0 / np.sqrt(1.0 * (2 / 3)))
-    assert tcav.t_test([1, 1], [1, 1]) == (0.0, 1.0)
-    assert tcav.t_test([1, 1], [0, 0])[1] == 0.0
+    assert concepts.t_test([1, 1], [1, 1]) == (0.0, 1.0)
+    assert concepts.t_test([1, 1], [0, 0])[1] == 0.0
 
 
 def test_spearman_with_ties_and_rankdata():
