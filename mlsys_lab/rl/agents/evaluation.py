@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from ...engine.threads import limit_threads
 from ...errors import ArgumentError
 
 
@@ -30,6 +31,11 @@ def evaluate(policy, env_fn, episodes=20, seed=10_000, max_steps=100_000):
     """
     if episodes < 1:
         raise ArgumentError(f"evaluate: episodes must be >= 1, got {episodes}")
+    with limit_threads(blas=1):  # a batch of <= `episodes` rows: BLAS threads only contend
+        return _play(policy, env_fn, episodes, seed, max_steps)
+
+
+def _play(policy, env_fn, episodes, seed, max_steps):
     envs = [env_fn() for _ in range(episodes)]
     obs = np.stack([np.asarray(e.reset(seed=seed + i)[0], np.float32)
                     for i, e in enumerate(envs)])

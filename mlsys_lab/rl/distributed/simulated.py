@@ -11,7 +11,8 @@ the learner's link — shows in the throughput and in the busy fractions.
 
 A3C (Mnih et al. 2016) is the contrast: each worker computes a *gradient* on its own unroll
 and sends it to a parameter server, which applies it and returns the parameters; the server's
-link then carries two model-sized messages per unroll instead of one unroll and one model.
+link then carries a model-sized gradient in and the model out per unroll, where IMPALA's
+carries the unroll in and the model out (each direction of a full-duplex link separately).
 """
 
 from dataclasses import dataclass, field
@@ -147,7 +148,7 @@ def simulate_actor_learner(n_actors, unrolls_per_actor=4, unroll=32, step_time=1
     bounds = {"actors": n_actors / step_time,
               "learner": batch * unroll / update_time,
               "network": min(learner_bandwidth or bandwidth, bandwidth * n_actors)
-              / (frame_bytes + param_bytes / unroll)}
+              / max(frame_bytes, param_bytes / unroll)}  # full duplex: unrolls in, models out
     return SimulatedRun(n_actors, frames, res.time, frames / res.time,
                         state["busy"] / res.time, inbound / res.time,
                         np.asarray(state["lag"]), bounds)
