@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -287,6 +288,8 @@ class SecAggResult:
         uploads: what the server saw, ``{u: y_u}`` (masked; for the uniformity test).
         cost: ``{u: SecAggCost}`` for every client that started.
         plain_bytes: bytes of one unprotected float32 upload of the same vector.
+        seconds: wall seconds spent ``{"clients": all clients' work, summed, "server": the
+            server's unmasking}``.
     """
 
     total: np.ndarray
@@ -295,6 +298,7 @@ class SecAggResult:
     uploads: dict
     cost: dict
     plain_bytes: int
+    seconds: dict = field(default_factory=dict)
 
 
 def secure_aggregate(inputs: dict, params: SecAggParams, *, drop_before_sharing=(),
@@ -329,6 +333,7 @@ def secure_aggregate(inputs: dict, params: SecAggParams, *, drop_before_sharing=
                                 f"{sorted(set(group) - set(ids))}")
     dim = int(np.asarray(inputs[ids[0]]).size)
     t, e, w = params.threshold, params.element_bytes, params.word_bytes
+    start = time.perf_counter()
     clients = {u: SecAggClient(u, inputs[u], params, r) for u in ids}
     cost = {u: SecAggCost() for u in ids}
 
@@ -368,9 +373,12 @@ def secure_aggregate(inputs: dict, params: SecAggParams, *, drop_before_sharing=
         cost[u].add("unmasking", sent=len(responses[u]) * (_ID_BYTES + 1 + e),
                     received=len(u3) * _ID_BYTES)
 
+    client_seconds = time.perf_counter() - start
+    start = time.perf_counter()
     total = _server_unmask(params, keys, uploads, responses, u2, u3, dim)
+    seconds = {"clients": client_seconds, "server": time.perf_counter() - start}
     dropped = sorted(set(u2) - set(u3))
-    return SecAggResult(total, u3, dropped, uploads, cost, plain_upload_bytes(dim))
+    return SecAggResult(total, u3, dropped, uploads, cost, plain_upload_bytes(dim), seconds)
 
 
 def _server_unmask(params, keys, uploads, responses, u2, u3, dim) -> np.ndarray:
