@@ -20,6 +20,7 @@ from mlsys_lab.rl.agents import (
     save_agent,
 )
 from mlsys_lab.rl.envs import CartPole
+from mlsys_lab.rl.vector import NumbaCartPoleVectorEnv, SyncVectorEnv
 
 
 def np_log_softmax(z):
@@ -71,7 +72,8 @@ def test_compiled_step_equals_the_eager_tape():
              np.eye(2, dtype=np.float32)[rng.integers(0, 2, 32)],
              rng.normal(-0.7, 0.1, 32).astype(np.float32),
              rng.standard_normal(32).astype(np.float32),
-             rng.standard_normal(32).astype(np.float32))
+             rng.standard_normal(32).astype(np.float32),
+             (rng.random(32) < 0.9).astype(np.float32))
     agents = [PPO(4, 2, seed=3, compiled=c) for c in (True, False)]
     steps = [GradStep(a.model, a.loss_fn, batch, lr=1e-2, max_grad_norm=0.5,
                       compiled=a.config.compiled) for a in agents]
@@ -104,6 +106,29 @@ def test_committed_weights_solve_cartpole(name):
     agent = load_pretrained(name)
     returns = evaluate(agent.act, CartPole, episodes=20, seed=100)
     assert returns.mean() >= 475, returns
+
+
+def test_ppo_weights_drop_the_auto_reset_steps_of_a_vector_env():
+    """NEXT_STEP auto-reset: the step after an episode's end is weight 0 and done, with reward
+    0; the loop and the Numba vector envs give the same rollout."""
+    rollouts = []
+    for venv in (SyncVectorEnv([CartPole] * 4), NumbaCartPoleVectorEnv(4)):
+        agent = PPO(4, 2, seed=1, n_envs=4, n_steps=64, minibatch_size=64)
+        agent._needs_reset = np.zeros(4, bool)
+        agent._episode_return = np.zeros(4)
+        obs = np.asarray(venv.reset(seed=3)[0], np.float32)
+        rollouts.append(agent.collect_vector(venv, obs)[0])
+    a, b = rollouts
+    for k in ("obs", "actions", "weights", "advantages"):
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-5, err_msg=k)
+    w = a["weights"].reshape(64, 4)
+    assert (w == 0).any() and a["episode_returns"]
+    assert np.all(a["advantages"].reshape(64, 4)[w == 0] == 0)
+    # a weight-0 step follows a finished episode (its return was counted) in the same copy
+    assert w[0].all()
+    resets = int((w == 0).sum())  # episodes that ended at the last step reset after it
+    assert resets <= len(a["episode_returns"]) <= resets + 4
+    assert all(r >= 8 for r in a["episode_returns"])  # CartPole never ends sooner
 
 
 def test_a_short_ppo_run_solves_cartpole():

@@ -8,7 +8,7 @@ import numpy as np
 from ... import ops
 from ...engine.threads import limit_threads
 from ...errors import ArgumentError
-from .evaluation import env_sizes, evaluate
+from .evaluation import env_sizes, evaluate, record_episode
 from .networks import GradStep, call, forward, mlp
 from .replay import ReplayBuffer
 
@@ -121,38 +121,50 @@ class DQN:
         return self._step(obs, onehot, tgt)
 
     def learn(self, env_fn, total_steps, eval_every=None, eval_episodes=20, target_return=None,
-              log=None, time_limit=None):
+              log=None, time_limit=None, until="greedy"):
         """Train on one environment for up to ``total_steps`` environment steps.
 
         Every ``eval_every`` steps the greedy policy plays ``eval_episodes`` episodes (not
         counted as training steps); the best evaluated weights are kept and restored at the
-        end, and training stops early once the mean reaches ``target_return``.
+        end. Training stops early once the greedy mean reaches ``target_return``
+        (``until="greedy"``) or once the last 20 *training* episodes (exploring, as CleanRL
+        reports its returns) average ``target_return`` (``until="training"``).
 
         Returns:
             a dict: ``steps``, ``seconds`` (training wall time, evaluations excluded),
-            ``evals`` (list of (step, mean return)), ``solved_at`` (the step at which the mean
-            first reached ``target_return``, or None), ``best``.
+            ``evals`` (list of (step, mean return)), ``solved_at`` (the step at which the greedy
+            mean first reached ``target_return``, or None), ``best``, ``episodes`` (step and
+            return of each finished training episode), ``train_solved_at`` (the step at which
+            the last 20 training episodes first averaged ``target_return``, or None).
         """
         with limit_threads(blas=1):  # small matrices: more BLAS threads only contend
             return self._learn(env_fn, total_steps, eval_every, eval_episodes, target_return,
-                               log, time_limit)
+                               log, time_limit, until)
 
     def _learn(self, env_fn, total_steps, eval_every, eval_episodes, target_return, log,
-               time_limit):
+               time_limit, until):
+        if until not in ("greedy", "training"):
+            raise ArgumentError(f"{type(self).__name__}.learn: until={until!r}, expected "
+                                f"'greedy' or 'training'")
         c = self.config
         env = env_fn()
         obs_size, _ = env_sizes(env)
         buffer = ReplayBuffer(c.buffer_size, (obs_size,), seed=self.rng)
         obs, _ = env.reset(seed=int(self.seed))
-        history = {"steps": 0, "seconds": 0.0, "evals": [], "solved_at": None, "best": -np.inf}
-        best_state, t0, spent_eval = None, time.perf_counter(), 0.0
+        history = {"steps": 0, "seconds": 0.0, "evals": [], "solved_at": None, "best": -np.inf,
+                   "episodes": [], "train_solved_at": None}
+        best_state, t0, spent_eval, episode_return = None, time.perf_counter(), 0.0, 0.0
         for step in range(1, total_steps + 1):
             action = int(self.act(obs, self.epsilon(step, total_steps))[0])
             next_obs, reward, term, trunc, _ = env.step(action)
             buffer.add(obs, action, reward, next_obs, float(term))
             obs = next_obs
+            episode_return += reward
             if term or trunc:
                 obs, _ = env.reset()
+                if record_episode(history, step, episode_return, target_return, until):
+                    break
+                episode_return = 0.0
             if step > c.learning_starts and step % c.train_freq == 0:
                 for _ in range(c.gradient_steps):
                     self.train_step(buffer.sample(c.batch_size))
@@ -169,11 +181,13 @@ class DQN:
                 if mean >= history["best"]:
                     history["best"], best_state = mean, self.state_dict()
                 if target_return is not None and mean >= target_return:
-                    history["solved_at"] = step
-                    break
+                    history["solved_at"] = history["solved_at"] or step
+                    if until == "greedy":
+                        break
             if time_limit and time.perf_counter() - t0 - spent_eval > time_limit:
                 break
         history["seconds"] = time.perf_counter() - t0 - spent_eval
+        history["grad_steps"] = self._step.steps if self._step is not None else 0
         if best_state is not None:
             self.load_state_dict(best_state)
         return history

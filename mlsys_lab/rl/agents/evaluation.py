@@ -56,3 +56,14 @@ def _play(policy, env_fn, episodes, seed, max_steps):
         if hasattr(e, "close"):
             e.close()
     return returns
+
+
+def record_episode(history, step, episode_return, target_return, until, window=20):
+    """Note a finished training episode in ``history``; True when ``until == "training"``
+    and the last ``window`` training episodes' mean has reached ``target_return``."""
+    history["episodes"].append((step, float(episode_return)))
+    recent = [r for _, r in history["episodes"][-window:]]
+    if target_return is not None and len(recent) == window and np.mean(recent) >= target_return:
+        history["train_solved_at"] = history["train_solved_at"] or step
+        return until == "training"
+    return False

@@ -10,7 +10,7 @@ from ...engine.threads import limit_threads
 from ...errors import ArgumentError
 from ...nn import Module
 from .advantage import gae
-from .evaluation import env_sizes, evaluate
+from .evaluation import env_sizes, evaluate, record_episode
 from .networks import GradStep, call, forward, mlp
 
 
@@ -50,20 +50,27 @@ class ActorCritic(Module):
 
 
 def ppo_loss(model, params, obs, actions_onehot, old_logp, advantages, returns, clip=0.2,
-             vf_coef=0.5, ent_coef=0.0):
+             vf_coef=0.5, ent_coef=0.0, weights=None):
     """PPO's loss: ``-E[min(rho A, clip(rho, 1-eps, 1+eps) A)] + vf_coef * E[(V - R)^2] / 2
-    - ent_coef * entropy`` with ``rho = pi(a|s) / pi_old(a|s)``."""
+    - ent_coef * entropy`` with ``rho = pi(a|s) / pi_old(a|s)``.
+
+    ``weights`` (0/1 per sample, optional) turns each mean into a weighted one: samples with
+    weight 0 (a vector env's auto-reset steps, whose action did nothing) drop out."""
     logits, value = call(model, params, obs)
     logp_all = ops.log_softmax(logits, axis=1)
     logp = ops.sum(logp_all * actions_onehot, axis=1)
     ratio = ops.exp(logp - old_logp)
     clipped = ops.minimum(ops.maximum(ratio, 1.0 - clip), 1.0 + clip)
-    policy_loss = -ops.mean(ops.minimum(ratio * advantages, clipped * advantages))
+
+    def mean(x):
+        return ops.mean(x) if weights is None else ops.sum(x * weights) / ops.sum(weights)
+
+    policy_loss = -mean(ops.minimum(ratio * advantages, clipped * advantages))
     v = ops.reshape(value, (-1,))
-    value_loss = 0.5 * ops.mean((v - returns) * (v - returns))
+    value_loss = 0.5 * mean((v - returns) * (v - returns))
     loss = policy_loss + vf_coef * value_loss
     if ent_coef:
-        entropy = -ops.mean(ops.sum(ops.exp(logp_all) * logp_all, axis=1))
+        entropy = -mean(ops.sum(ops.exp(logp_all) * logp_all, axis=1))
         loss = loss - ent_coef * entropy
     return loss
 
@@ -117,14 +124,15 @@ class PPO:
         return actions, logp[np.arange(len(actions)), actions]
 
     # -- learning -------------------------------------------------------------------------
-    def loss_fn(self, params, obs, onehot, old_logp, adv, ret):
+    def loss_fn(self, params, obs, onehot, old_logp, adv, ret, weights):
         c = self.config
         return ppo_loss(self.model, params, obs, onehot, old_logp, adv, ret, c.clip,
-                        c.vf_coef, c.ent_coef)
+                        c.vf_coef, c.ent_coef, weights)
 
     def update(self, rollout):
         """Minibatch epochs of the clipped objective over one rollout (flattened arrays
-        ``obs``, ``actions``, ``logp``, ``advantages``, ``returns``); returns the mean loss."""
+        ``obs``, ``actions``, ``logp``, ``advantages``, ``returns``, ``weights``); returns the
+        mean loss."""
         c = self.config
         n = len(rollout["obs"])
         onehot = np.eye(self.n_actions, dtype=np.float32)[rollout["actions"]]
@@ -133,11 +141,12 @@ class PPO:
             order = self.rng.permutation(n)
             for start in range(0, n, c.minibatch_size):
                 i = order[start:start + c.minibatch_size]
-                adv = rollout["advantages"][i]
-                if c.normalize_advantages:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                adv, w = rollout["advantages"][i], rollout["weights"][i]
+                if c.normalize_advantages and w.sum() > 1:
+                    real = adv[w > 0]
+                    adv = (adv - real.mean()) / (real.std() + 1e-8) * w
                 batch = (rollout["obs"][i], onehot[i], rollout["logp"][i],
-                         adv.astype(np.float32), rollout["returns"][i])
+                         adv.astype(np.float32), rollout["returns"][i], w)
                 if self._step is None:
                     self._step = GradStep(self.model, self.loss_fn, batch, lr=c.lr,
                                           max_grad_norm=c.max_grad_norm, compiled=c.compiled,
@@ -177,12 +186,58 @@ class PPO:
                 for k in ("obs", "actions", "logp")}
         flat["advantages"] = adv.reshape(-1).astype(np.float32)
         flat["returns"] = ret.reshape(-1).astype(np.float32)
+        flat["weights"] = np.ones(t_ * n_, np.float32)
+        flat["episode_returns"] = finished
+        return flat, obs
+
+    def collect_vector(self, venv, obs):
+        """:meth:`collect` from a vector env with Gymnasium's NEXT_STEP auto-reset
+        (:mod:`mlsys_lab.rl.vector`): the step after an episode's end only resets its copy
+        (reward 0, the action ignored), so it gets weight 0 and counts as done; a truncated
+        episode's last step returns the final observation, which bootstraps its reward."""
+        c = self.config
+        t_, n_ = c.n_steps, venv.num_envs
+        buf = {k: np.zeros((t_, n_), np.float32)
+               for k in ("logp", "rewards", "dones", "values", "weights")}
+        buf["obs"] = np.zeros((t_, n_, self.obs_size), np.float32)
+        buf["actions"] = np.zeros((t_, n_), np.int64)
+        finished = []
+        for t in range(t_):
+            buf["obs"][t] = obs
+            actions, logp = self.sample(obs)
+            buf["actions"][t], buf["logp"][t], buf["values"][t] = actions, logp, self.value(obs)
+            resetting = self._needs_reset.copy()
+            obs, r, term, trunc, _ = venv.step(actions)
+            obs = np.asarray(obs, np.float32)
+            r = np.where(resetting, 0.0, r)
+            ended = (term | trunc) & ~resetting
+            self._episode_return += r
+            bootstrap = trunc & ~term & ~resetting
+            if bootstrap.any():
+                r = r + c.gamma * np.where(bootstrap, self.value(obs), 0.0)
+            buf["rewards"][t] = r
+            buf["dones"][t] = ended | resetting
+            buf["weights"][t] = ~resetting
+            finished.extend(self._episode_return[ended].tolist())
+            self._episode_return[ended] = 0.0
+            self._needs_reset = ended
+        adv, ret = gae(buf["rewards"], buf["values"], buf["dones"], self.value(obs), c.gamma,
+                       c.lam)
+        flat = {k: buf[k].reshape(t_ * n_, *buf[k].shape[2:])
+                for k in ("obs", "actions", "logp", "weights")}
+        flat["advantages"] = (adv * buf["weights"]).reshape(-1).astype(np.float32)
+        flat["returns"] = ret.reshape(-1).astype(np.float32)
         flat["episode_returns"] = finished
         return flat, obs
 
     def learn(self, env_fn, total_steps, eval_every=None, eval_episodes=20, target_return=None,
-              log=None, time_limit=None):
+              log=None, time_limit=None, until="greedy", vector_env=None):
         """Train for up to ``total_steps`` environment steps (all envs together).
+
+        ``vector_env``: collect rollouts from this vector environment (NEXT_STEP
+        auto-reset, e.g. :class:`~mlsys_lab.rl.vector.NumbaCartPoleVectorEnv`) instead of
+        ``n_envs`` copies made by ``env_fn`` (still used for the evaluations); its
+        ``num_envs`` must equal ``n_envs``.
 
         Evaluation, early stopping and the returned history as :meth:`DQN.learn
         <mlsys_lab.rl.agents.dqn.DQN.learn>` (the greedy policy, checked after the first
@@ -190,26 +245,43 @@ class PPO:
         """
         with limit_threads(blas=1):  # small matrices: more BLAS threads only contend
             return self._learn(env_fn, total_steps, eval_every, eval_episodes, target_return,
-                               log, time_limit)
+                               log, time_limit, until, vector_env)
 
     def _learn(self, env_fn, total_steps, eval_every, eval_episodes, target_return, log,
-               time_limit):
+               time_limit, until, vector_env=None):
+        if until not in ("greedy", "training"):
+            raise ArgumentError(f"{type(self).__name__}.learn: until={until!r}, expected "
+                                f"'greedy' or 'training'")
         c = self.config
-        envs = [env_fn() for _ in range(c.n_envs)]
-        env_sizes(envs[0])
-        obs = np.stack([np.asarray(e.reset(seed=int(self.seed) * 1000 + i)[0], np.float32)
-                        for i, e in enumerate(envs)])
+        if vector_env is not None:
+            if vector_env.num_envs != c.n_envs:
+                raise ArgumentError(f"PPO.learn: the vector env has {vector_env.num_envs} "
+                                    f"copies, the config n_envs={c.n_envs}")
+            obs = np.asarray(vector_env.reset(seed=int(self.seed) * 1000)[0], np.float32)
+            self._needs_reset = np.zeros(c.n_envs, bool)
+        else:
+            envs = [env_fn() for _ in range(c.n_envs)]
+            env_sizes(envs[0])
+            obs = np.stack([np.asarray(e.reset(seed=int(self.seed) * 1000 + i)[0], np.float32)
+                            for i, e in enumerate(envs)])
         self._episode_return = np.zeros(c.n_envs)
-        history = {"steps": 0, "seconds": 0.0, "evals": [], "solved_at": None, "best": -np.inf}
+        history = {"steps": 0, "seconds": 0.0, "evals": [], "solved_at": None, "best": -np.inf,
+                   "episodes": [], "train_solved_at": None}
         best_state, t0, spent_eval, next_eval = None, time.perf_counter(), 0.0, eval_every
         per_rollout = c.n_envs * c.n_steps
         iterations = max(1, total_steps // per_rollout)
         for it in range(iterations):
             if c.anneal_lr and self._step is not None:
                 self._step.optimizer.hyper["lr"] = c.lr * (1.0 - it / iterations)
-            rollout, obs = self.collect(envs, obs)
+            rollout, obs = self.collect_vector(vector_env, obs) if vector_env is not None \
+                else self.collect(envs, obs)
             self.update(rollout)
             steps = history["steps"] = (it + 1) * per_rollout
+            stop = False
+            for ret in rollout["episode_returns"]:
+                stop = record_episode(history, steps, ret, target_return, until) or stop
+            if stop:
+                break
             if eval_every and steps >= next_eval:
                 next_eval += eval_every
                 e0 = time.perf_counter()
@@ -221,11 +293,13 @@ class PPO:
                 if mean >= history["best"]:
                     history["best"], best_state = mean, self.state_dict()
                 if target_return is not None and mean >= target_return:
-                    history["solved_at"] = steps
-                    break
+                    history["solved_at"] = history["solved_at"] or steps
+                    if until == "greedy":
+                        break
             if time_limit and time.perf_counter() - t0 - spent_eval > time_limit:
                 break
         history["seconds"] = time.perf_counter() - t0 - spent_eval
+        history["grad_steps"] = self._step.steps if self._step is not None else 0
         if best_state is not None:
             self.load_state_dict(best_state)
         return history

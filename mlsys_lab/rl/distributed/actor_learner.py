@@ -298,14 +298,15 @@ class ActorLearner:
         Returns:
             dict: ``frames`` (environment steps consumed), ``seconds``, ``frames_per_s``,
             ``updates``, ``lag`` (policy lag of each unroll, in updates), ``returns``
-            (finished episodes' returns in arrival order).
+            (finished episodes' returns in arrival order), ``learn_seconds`` (time in the
+            updates themselves, waiting for unrolls excluded).
 
         Raises:
             ActorError: an actor failed or died (every actor is stopped first).
         """
         if updates is None and seconds is None:
             raise ArgumentError("ActorLearner.run: give updates= or seconds=")
-        stats = {"frames": 0, "updates": 0, "lag": [], "returns": []}
+        stats = {"frames": 0, "updates": 0, "lag": [], "returns": [], "learn_seconds": 0.0}
         t0 = time.perf_counter()
         try:
             with limit_threads(blas=1):
@@ -314,7 +315,9 @@ class ActorLearner:
                     item = self._get(timeout)
                     stats["frames"] += item[2].shape[1] * self.unroll
                     stats["returns"].extend(item[7].tolist())
+                    t_learn = time.perf_counter()
                     stats["lag"].append(self.learn_from(item) if learn else 0)
+                    stats["learn_seconds"] += time.perf_counter() - t_learn
                     stats["updates"] += 1
         except BaseException:
             self.close()
