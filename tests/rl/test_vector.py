@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlsys_lab.errors import ArgumentError, ShapeError
 from mlsys_lab.rl.envs import CartPole, GridWorld
@@ -243,3 +245,30 @@ def test_workers_exit_when_the_main_process_dies_abruptly():
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 2, out.stderr
     assert _all_gone(pids, within=10.0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 9), st.integers(0, 2**31), st.integers(1, 40), st.integers(0, 2**31))
+def test_numba_kernel_equals_the_loop_on_random_cases(n, seed, limit, action_seed):
+    steps = 120
+    loop = rollout(SyncVectorEnv([lambda: CartPole(limit)] * n), seed, steps, "random",
+                   action_seed)
+    fast = rollout(NumbaCartPoleVectorEnv(n, max_episode_steps=limit), seed, steps, "random",
+                   action_seed)
+    assert_same(loop, fast)
+
+
+def test_unseeded_numba_reset_draws_fresh_states_and_step_needs_a_reset():
+    envs = NumbaCartPoleVectorEnv(3)
+    with pytest.raises(ArgumentError, match="reset"):
+        envs.step(np.zeros(3, np.int64))
+    obs, _ = envs.reset()
+    assert (np.abs(obs) <= 0.05).all() and len(np.unique(obs)) == 12
+
+
+def test_processes_with_the_spawn_start_method():
+    with ProcessVectorEnv([CartPole] * 3, num_workers=2, context="spawn") as envs:
+        obs, _ = envs.reset(seed=5)
+        expected, _ = SyncVectorEnv([CartPole] * 3).reset(seed=5)
+        np.testing.assert_array_equal(obs, expected)
+        assert envs.step(np.ones(3, np.int64))[1].tolist() == [1.0, 1.0, 1.0]

@@ -102,8 +102,9 @@ class NumbaCartPoleVectorEnv(VectorEnv):
         self._steps = np.zeros(n, dtype=np.int64)
         self._done = np.zeros(n, dtype=bool)
         self._stock = np.zeros((n, STOCK, 4))
-        self._used = np.zeros(n, dtype=np.int64)
+        self._used = np.full(n, STOCK, dtype=np.int64)  # no stock yet: the first reset draws
         self._generators = [None] * n
+        self._ready = False
         self._obs = np.zeros((n, 4), dtype=np.float32)
         self._rewards = np.zeros(n)
         self._terminated = np.zeros(n, dtype=bool)
@@ -132,12 +133,13 @@ class NumbaCartPoleVectorEnv(VectorEnv):
             self._used[i] += 1
         self._steps[:] = 0
         self._done[:] = False
+        self._ready = True
         return self.state.astype(np.float32), {}
 
     def step(self, actions):
         """Step every copy in one kernel call (NEXT_STEP auto-reset)."""
         actions = self._check_actions(actions, "NumbaCartPoleVectorEnv.step")
-        if self._generators[0] is None and not self._steps.any():
+        if not self._ready:
             raise ArgumentError("NumbaCartPoleVectorEnv.step: call reset() before step()")
         cartpole_batch_step(self.state, self._steps, self._done, actions, self._stock,
                             self._used, self._obs, self._rewards, self._terminated,
