@@ -21,7 +21,9 @@ Prints:
    auto-reset and ``final_info`` list (what the file was written for) on Gymnasium 1.x.
 3. **Actor-learner on processes** — frames/s with 1, 2, 4 actor processes (4 CartPoles each,
    unrolls of 32) for a fixed wall time: learner consuming with V-trace updates, and the
-   actors alone (learner only draining the queue); mean policy lag in updates.
+   actors alone (learner only draining the queue); mean policy lag in updates. Beside it A3C
+   with as many workers (one CartPole each, unrolls of 32, gradients computed in the workers
+   on the eager tape, Hogwild updates) and its lag.
 4. **Simulated scaling** — ``simulate_actor_learner`` at 1 ... 1,000 actors, with the actor's
    seconds per frame and the learner's seconds per update measured in part 3 ("as here"), and
    an Atari-sized case (28 KB frames, 1.7 M parameters, a GPU learner at 20 us/frame, batches
@@ -43,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from mlsys_lab.rl.agents import DQN, PPO
-from mlsys_lab.rl.distributed import ActorLearner, simulate_a3c, simulate_actor_learner
+from mlsys_lab.rl.distributed import A3C, ActorLearner, simulate_a3c, simulate_actor_learner
 from mlsys_lab.rl.envs import CartPole
 
 TARGET = 475.0
@@ -131,7 +133,8 @@ def part_cleanrl(path):
 def part_actor_learner(seconds):
     print("\n== 3. actor-learner on processes (CartPole, 4 envs x unroll 32 per actor) ==")
     print(f"{'actors':>6} {'learning frames/s':>18} {'mean lag':>9} {'updates/s':>10} "
-          f"{'ms/update':>9} {'actors-only frames/s':>21}")
+          f"{'ms/update':>9} {'actors-only frames/s':>21} {'A3C frames/s':>13} "
+          f"{'A3C lag':>8}")
     measured = {}
     for n in (1, 2, 4):
         with ActorLearner(CartPole, n_actors=n, unroll=32, envs_per_actor=4, seed=0) as s:
@@ -140,11 +143,15 @@ def part_actor_learner(seconds):
         with ActorLearner(CartPole, n_actors=n, unroll=32, envs_per_actor=4, seed=0) as s:
             s.run(updates=5, learn=False)
             alone = s.run(seconds=seconds, learn=False)
+        with A3C(CartPole, n_workers=n, unroll=32, seed=0) as s:
+            s.run(updates=5)
+            a3c = s.run(seconds=seconds)
         measured[n] = (learn, alone)
         print(f"{n:>6} {learn['frames_per_s']:>18.0f} {np.mean(learn['lag']):>9.1f} "
               f"{learn['updates'] / learn['seconds']:>10.1f} "
               f"{1e3 * learn['learn_seconds'] / learn['updates']:>9.2f} "
-              f"{alone['frames_per_s']:>21.0f}",
+              f"{alone['frames_per_s']:>21.0f} {a3c['frames_per_s']:>13.0f} "
+              f"{np.mean(a3c['lag']):>8.1f}",
               flush=True)
     return measured
 

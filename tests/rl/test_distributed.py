@@ -11,6 +11,7 @@ import pytest
 
 from mlsys_lab.errors import ArgumentError
 from mlsys_lab.rl.distributed import (
+    A3C,
     ActorError,
     ActorLearner,
     simulate_a3c,
@@ -40,7 +41,7 @@ def assert_gone(pids):
             # a zombie still answers kill(0); joined children are reaped, so wait briefly
             assert time.monotonic() < deadline, f"actor pid {pid} is still alive"
             time.sleep(0.02)
-    assert not [p for p in mp.active_children() if p.name.startswith("rl-actor")]
+    assert not [p for p in mp.active_children() if p.name.startswith(("rl-actor", "rl-a3c"))]
 
 
 def test_actor_learner_counts_frames_and_learns_with_vtrace():
@@ -62,6 +63,11 @@ def test_an_actor_error_is_raised_and_nothing_is_left_behind():
     with pytest.raises(ActorError, match="the environment broke"):
         system.run(updates=1000, timeout=20)
     assert_gone(pids)
+    system = A3C(ExplodingEnv, n_workers=2, unroll=16)
+    pids = [p.pid for p in system.procs]
+    with pytest.raises(ActorError, match="the environment broke"):
+        system.run(updates=1000, timeout=20)
+    assert_gone(pids)
 
 
 def test_injected_failure_and_early_exit_leave_nothing_behind():
@@ -76,6 +82,19 @@ def test_injected_failure_and_early_exit_leave_nothing_behind():
         time.sleep(0.5)
     assert_gone(pids)
     s.close()  # idempotent
+
+
+def test_a3c_workers_learn_asynchronously_and_leave_nothing_behind():
+    with A3C(CartPole, n_workers=2, unroll=32, seed=0) as system:
+        pids = [p.pid for p in system.procs]
+        stats = system.run(updates=500)
+    assert_gone(pids)
+    assert stats["frames"] == stats["updates"] * 32 >= 500 * 32
+    assert max(stats["lag"]) >= 1  # another worker's update landed between read and write
+    returns = stats["returns"]
+    assert np.mean(returns[-20:]) > 80, (np.mean(returns[:20]), np.mean(returns[-20:]))
+    model = system.sync_model()  # the shared parameters, readable after the workers stopped
+    assert all(np.isfinite(p.data).all() for p in model.parameters())
 
 
 def test_simulated_frames_are_conserved_and_one_actor_is_actor_bound():
