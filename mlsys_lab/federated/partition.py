@@ -59,7 +59,8 @@ def dirichlet(labels, num_clients, alpha=1.0, seed=0, min_size=1):
     """Label skew: for each class, its samples are shared out by proportions drawn from
     ``Dirichlet(alpha)`` over the clients (Hsu et al. 2019). ``alpha`` 0.1: most clients see
     one or two classes; 100: close to IID. Redrawn (a new draw of the same seeded generator)
-    until every client has at least ``min_size`` samples.
+    until every client has at least ``min_size`` samples; after 20 short draws (tiny data), a
+    short client takes random samples from the largest one.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
@@ -72,7 +73,7 @@ def dirichlet(labels, num_clients, alpha=1.0, seed=0, min_size=1):
                             f"> {n} samples")
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
-    for _ in range(1000):
+    for _attempt in range(20):
         parts = [[] for _ in range(num_clients)]
         for c in classes:
             idx = rng.permutation(np.flatnonzero(labels == c))
@@ -80,11 +81,19 @@ def dirichlet(labels, num_clients, alpha=1.0, seed=0, min_size=1):
             cuts = (np.cumsum(share)[:-1] * len(idx)).astype(np.int64)
             for k, piece in enumerate(np.split(idx, cuts)):
                 parts[k].append(piece)
-        sizes = [sum(len(p) for p in part) for part in parts]
-        if min(sizes) >= min_size:
-            return [np.sort(np.concatenate(part)).astype(np.int64) for part in parts]
-    raise ArgumentError(f"partition.dirichlet: no draw in 1000 gave every one of {num_clients} "
-                        f"clients {min_size} samples at alpha={alpha}; use fewer clients")
+        parts = [np.concatenate(part) for part in parts]
+        if min(len(p) for p in parts) >= min_size:
+            break
+    else:
+        # still short after 20 draws (tiny data, small alpha): the last draw, with clients
+        # below min_size topped up by random samples of the currently largest client
+        for k in range(num_clients):
+            while len(parts[k]) < min_size:
+                big = int(np.argmax([len(p) for p in parts]))
+                take = int(rng.integers(len(parts[big])))
+                parts[k] = np.append(parts[k], parts[big][take])
+                parts[big] = np.delete(parts[big], take)
+    return [np.sort(p).astype(np.int64) for p in parts]
 
 
 def label_counts(labels, parts, num_classes=None):

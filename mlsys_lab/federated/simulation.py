@@ -1,8 +1,9 @@
 """One federated round as rank programs on the cluster simulator (``distributed.sim``).
 
-The cluster of a round is a star: the server (rank 0), a deadline timer co-located with it
-(rank 1, only when the round has a deadline) and the sampled clients (ranks 2, 3, ...) each
-hang off one switch (the Internet). A client's link carries its own latency and its uplink
+The cluster of a round is a star: the server (rank 0) and the sampled clients (ranks 2, 3,
+...) each hang off one switch (the Internet); a deadline timer (rank 1, only when the round
+has a deadline) is co-located with the server (a free link of its own, so its tick never
+queues behind uploads). A client's link carries its own latency and its uplink
 and downlink rates (one direction each); the server's link is the data centre's. The programs:
 
 * **server**: posts the global model to every sampled client at once (``exchange``), then
@@ -120,7 +121,7 @@ def simulate_round(fleet, cids, model_vector, payloads, train_flops, *, aggregat
     hub = topo.add_switch("internet")
     topo.add_link(SERVER, hub, server_latency, 1.0 / server_bandwidth)
     if has_timer:
-        topo.add_link(TIMER, hub, 0.0, 0.0)
+        topo.add_link(TIMER, SERVER, 0.0, 0.0)     # co-located: its own path to the server
     for i, c in enumerate(cids):
         r = first + i
         topo.set_device(r, flops=float(fleet.flops[c]))

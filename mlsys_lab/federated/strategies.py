@@ -47,7 +47,7 @@ class FitRes:
 def weighted_average(models, num_examples):
     """``sum_k n_k w_k / sum_k n_k`` over a list of parameter dicts (FedAvg's aggregate).
 
-    Each weight ``n_k / N`` is formed first, so one model (or equal ones) comes back exactly.
+    Each weight ``n_k / N`` is formed first, so a single model comes back exactly.
     """
     models = list(models)
     counts = np.asarray(num_examples, dtype=np.float64)
