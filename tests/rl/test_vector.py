@@ -272,3 +272,22 @@ def test_processes_with_the_spawn_start_method():
         expected, _ = SyncVectorEnv([CartPole] * 3).reset(seed=5)
         np.testing.assert_array_equal(obs, expected)
         assert envs.step(np.ones(3, np.int64))[1].tolist() == [1.0, 1.0, 1.0]
+
+
+class BrokenInWorkers(CartPole):
+    """Builds in the main process (the probe) but not in a worker."""
+
+    parent = os.getpid()
+
+    def __init__(self):
+        if os.getpid() != self.parent:
+            raise OSError("no simulator licence on this host")
+        super().__init__()
+
+
+def test_an_environment_that_cannot_be_built_in_a_worker_is_reported():
+    envs = ProcessVectorEnv([BrokenInWorkers] * 2, num_workers=2)
+    pids = envs.pids
+    with pytest.raises(VectorEnvError, match="no simulator licence"):
+        envs.reset(seed=0)
+    assert envs.closed and _all_gone(pids)

@@ -45,12 +45,19 @@ def _worker(index, env_fns, lo, hi, shared, conn, parent):
         obs, rewards, terminated, truncated, actions = (np.frombuffer(buf, dtype).reshape(shape)
                                                         for buf, dtype, shape in shared)
         envs = SyncVectorEnv(env_fns[lo:hi])
-        while True:
+    except BaseException:
+        _report(conn, index, lo, hi)
+        return
+    while True:
+        try:
             if not conn.poll(_PARENT_CHECK_S):
                 if os.getppid() != parent:
                     return
                 continue
             command = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):  # the main process is gone
+            return
+        try:
             if command[0] == "step":
                 o, r, te, tr, _ = envs.step(actions[lo:hi])
                 obs[lo:hi], rewards[lo:hi], terminated[lo:hi], truncated[lo:hi] = o, r, te, tr
@@ -59,15 +66,21 @@ def _worker(index, env_fns, lo, hi, shared, conn, parent):
             else:  # "close"
                 envs.close()
                 return
-            conn.send(("ok",))
-    except (EOFError, OSError, KeyboardInterrupt):
-        return
-    except BaseException:
+        except BaseException:
+            _report(conn, index, lo, hi)
+            return
         try:
-            conn.send(("error", f"worker {index} (environments {lo}..{hi - 1}):\n"
-                       + traceback.format_exc()))
+            conn.send(("ok",))
         except OSError:
-            pass
+            return
+
+
+def _report(conn, index, lo, hi):
+    try:
+        conn.send(("error", f"worker {index} (environments {lo}..{hi - 1}):\n"
+                   + traceback.format_exc()))
+    except OSError:
+        pass
 
 
 def _shutdown(processes, conns, owner):
@@ -159,7 +172,10 @@ class ProcessVectorEnv(VectorEnv):
             raise VectorEnvError(f"ProcessVectorEnv.{where}: the environment is closed")
         try:
             for c, m in zip(self._conns, messages):
-                c.send(m)
+                try:
+                    c.send(m)
+                except OSError:  # the worker is gone; its last words, if any, are read below
+                    pass
             waiting = dict(zip(self._conns, self._processes))
             while waiting:
                 for c in multiprocessing.connection.wait(list(waiting), timeout=1.0):
