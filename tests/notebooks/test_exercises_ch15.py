@@ -291,3 +291,26 @@ def test_the_library_fictitious_play_is_refused():
         return library(game, iterations, x0, y0)
 
     assert refused(run_cases("15.3", through_the_library, seed=0)), "the library ran"
+
+
+def test_the_library_kernel_called_directly_is_refused():
+    from mlsys_lab.rl.games import dynamics
+
+    def through_the_kernel(row, col, iterations, x0, y0):
+        xs, ys = np.empty((iterations + 1, len(x0))), np.empty((iterations + 1, len(y0)))
+        dynamics._fictitious_play_kernel(np.asarray(row, float), np.ascontiguousarray(col.T),
+                                         np.asarray(x0, float), np.asarray(y0, float), xs, ys,
+                                         1e-12)
+        return xs, ys
+
+    assert refused(run_cases("15.3", through_the_kernel, seed=0)), "the kernel ran"
+
+
+def test_the_grading_modules_own_references_are_refused():
+    from mlsys_lab.grading.exercises.ch15_reinforcement_learning import ex15_2_gae
+    from mlsys_lab.grading.exercises.ch15_reinforcement_learning import (
+        ex15_3_fictitious_play as ex153,
+    )
+
+    assert refused(run_cases("15.2", ex15_2_gae._direct, seed=0)), "the judge's sum ran"
+    assert refused(run_cases("15.3", ex153._reference, seed=0)), "the judge's reference ran"

@@ -111,8 +111,7 @@ register(
         title="Fictitious play: best responses to the opponent's average",
         target="fictitious_play",
         task="fictitious play",
-        forbidden=("mlsys_lab.rl.games.dynamics:fictitious_play",
-                   "mlsys_lab.rl.games.dynamics:best_response"),
+        forbidden=("mlsys_lab.rl.games.dynamics",),  # fictitious_play, its kernel, best_response
         cases=(
             Case("rock-paper-scissors from (rock, rock): 40 rounds", 2,
                  feedback="each round: best-respond to the opponent's average, then move the "
