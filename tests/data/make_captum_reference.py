@@ -47,16 +47,16 @@ def torch_digits(m):
     import torch
 
     net = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-        torch.nn.Linear(256, 10)).double()
+        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AvgPool2d(4),
+        torch.nn.Flatten(), torch.nn.Linear(32, 10)).double()
     sd = {k: np.asarray(v.data) for k, v in m.named_parameters()}
     with torch.no_grad():
         for i in (0, 3):
             net[i].weight.copy_(torch.from_numpy(sd[f"{i}.weight"]))
             net[i].bias.copy_(torch.from_numpy(sd[f"{i}.bias"]))
-        net[6].weight.copy_(torch.from_numpy(sd["6.weight"].T.copy()))
-        net[6].bias.copy_(torch.from_numpy(sd["6.bias"]))
+        net[7].weight.copy_(torch.from_numpy(sd["7.weight"].T.copy()))
+        net[7].bias.copy_(torch.from_numpy(sd["7.bias"]))
     return net.eval()
 
 

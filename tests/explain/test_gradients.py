@@ -134,7 +134,7 @@ def test_errors_name_the_function_and_shapes(chapter_models):
     with pytest.raises(ArgumentError, match="saliency: target must be an int"):
         gradients.saliency(chapter_models.wine, np.zeros(13), "a")
     with pytest.raises(ShapeError, match="grad_cam: layer 6's output has shape"):
-        cam.grad_cam(chapter_models.digits, chapter_models.digits_x[0], 0, 6)
+        cam.grad_cam(chapter_models.digits, chapter_models.digits_x[0], 0, 6)  # flatten: (1, 32)
     with pytest.raises(ArgumentError, match="grad_cam: layer 9 is not one of"):
         cam.grad_cam(chapter_models.digits, chapter_models.digits_x[0], 0, 9)
     with pytest.raises(ArgumentError, match="grad_cam: the model must be a Sequential"):
