@@ -57,6 +57,7 @@ class RoundRecord:
     dropped: list
     late: list
     sim_time: float
+    last_arrival: float
     bytes_down: int
     bytes_up: int
     messages: int
@@ -154,9 +155,9 @@ class Server:
         self.rounds_done = r
         record = RoundRecord(r, cids, [cids[i] for i in timing.received],
                              [cids[i] for i in timing.dropped], [cids[i] for i in timing.late],
-                             timing.sim_time, timing.bytes_down, timing.bytes_up,
-                             timing.messages, time.perf_counter() - start, metrics,
-                             timing.trace)
+                             timing.sim_time, timing.last_arrival, timing.bytes_down,
+                             timing.bytes_up, timing.messages, time.perf_counter() - start,
+                             metrics, timing.trace)
         self.history.append(record)
         return record
 

@@ -47,6 +47,7 @@ class RoundTiming:
     dropped: list                  # positions that dropped out
     aggregate: object              # what ``aggregate`` returned inside the server program
     sim_time: float                # when the server finished the round (simulated seconds)
+    last_arrival: float            # when the last upload it took arrived
     bytes_down: int
     bytes_up: int
     messages: int
@@ -56,15 +57,16 @@ class RoundTiming:
 def _server(comm, model, count, has_timer, aggregate, aggregate_flops):
     first = 2 if has_timer else 1
     yield comm.exchange(sends=[(model, first + i, MODEL) for i in range(count)])
-    got = {}
+    got, last = {}, 0.0
     while len(got) < count:
         src, array = yield comm.recv_any(tag=UPDATE)
         if has_timer and src == TIMER:
             break
         got[src - first] = array
+        last = comm.now()
     order = sorted(got)
     yield comm.compute(flops=aggregate_flops * max(len(order), 1))
-    return order, aggregate([(i, got[i]) for i in order])
+    return order, aggregate([(i, got[i]) for i in order]), last
 
 
 def _timer(comm, deadline):
@@ -139,7 +141,7 @@ def simulate_round(fleet, cids, model_vector, payloads, train_flops, *, aggregat
         return (progs.get(comm.rank, _client))(comm, *a)
 
     res = sim.run(sim.Cluster(topo), prog, args=args, trace=trace, wall_limit=600.0)
-    order, aggregated = res.results[SERVER]
+    order, aggregated, last = res.results[SERVER]
     late = sorted(src - first for src, dst, tag, _ in res.unmatched
                   if dst == SERVER and tag == UPDATE and src >= first)
     dropped = [i for i in range(count) if drop_at[i] is not None]
@@ -153,5 +155,5 @@ def simulate_round(fleet, cids, model_vector, payloads, train_flops, *, aggregat
                              else s.lane)
             spans.append(Span(lane, s.name, s.start, s.end, s.kind, dict(s.detail)))
     return RoundTiming(list(order), late, dropped, aggregated, float(res.rank_time[SERVER]),
-                       model_bytes * count, int(up), res.messages - (1 if has_timer else 0),
-                       spans)
+                       float(last), model_bytes * count, int(up),
+                       res.messages - (1 if has_timer else 0), spans)

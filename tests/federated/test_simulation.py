@@ -19,6 +19,7 @@ def test_one_client_round_time_by_hand():
     agg = 2 * 1000 / 1e12
     assert t.sim_time == pytest.approx(down + compute + up + agg, rel=1e-12)
     assert t.aggregate == 1 and t.received == [0] and t.late == [] and t.dropped == []
+    assert t.last_arrival == pytest.approx(down + compute + up, rel=1e-12)
     assert t.bytes_down == 4000 and t.bytes_up == 4004 and t.messages == 2
 
 
