@@ -18,7 +18,8 @@ Prints:
    128 steps, 500k steps; torch + gymnasium) timed to the same "training" criterion. Two shims
    let the unmodified file run here: ``tyro.cli`` gives the defaults, ``SummaryWriter`` records
    instead of writing TensorBoard files; the vector env keeps Gymnasium 0.29's same-step
-   auto-reset and ``final_info`` list (what the file was written for) on Gymnasium 1.x.
+   auto-reset and ``final_info`` list (what the file was written for) on Gymnasium 1.x; torch
+   runs one thread. ``--cleanrl-timeout`` (default 600 s) stops it, reporting how far it got.
 3. **Actor-learner on processes** — frames/s with 1, 2, 4 actor processes (4 CartPoles each,
    unrolls of 32) for a fixed wall time: learner consuming with V-trace updates, and the
    actors alone (learner only draining the queue); mean policy lag in updates. Beside it A3C
@@ -77,6 +78,8 @@ SHIM = r'''
 import sys, time, types, runpy
 import numpy as np
 import gymnasium as gym
+import torch
+torch.set_num_threads(1)  # a 2-core machine shared with the other runs: no thread contention
 t0 = time.perf_counter()
 tyro = types.ModuleType("tyro"); tyro.cli = lambda cls: cls(); sys.modules["tyro"] = tyro
 tb = types.ModuleType("torch.utils.tensorboard")
@@ -113,7 +116,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 '''
 
 
-def part_cleanrl(path):
+def part_cleanrl(path, timeout=600.0):
     print("\n== 2. CleanRL ppo.py ==")
     print(CLEANRL_REPORTED)
     if not path:
@@ -123,11 +126,22 @@ def part_cleanrl(path):
         print("(not run: torch or gymnasium is not installed)")
         return
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([sys.executable, "-c", SHIM, str(Path(path).resolve())], cwd=tmp,
-                              capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("CLEANRL_")]
-    print("ran cleanrl/ppo.py at its defaults (seed 1, 500k steps):",
-          "; ".join(lines) or f"no result (exit {proc.returncode}): {proc.stderr[-400:]}")
+        log = Path(tmp) / "out.txt"
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, "-c", SHIM, str(Path(path).resolve())],
+                                    cwd=tmp, stdout=out, stderr=subprocess.STDOUT, text=True)
+            try:
+                proc.wait(timeout=timeout)
+                ended = f"exit {proc.returncode}"
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                ended = f"stopped after {timeout:.0f} s"
+        text = log.read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("CLEANRL_")]
+    steps = [ln.split(",")[0] for ln in text.splitlines() if ln.startswith("global_step=")]
+    print(f"ran cleanrl/ppo.py at its defaults (seed 1, 500k steps; {ended}; last "
+          f"{steps[-1] if steps else 'no step'}):", "; ".join(lines) or "not solved by then")
 
 
 def part_actor_learner(seconds):
@@ -205,12 +219,13 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--skip-dqn", action="store_true")
     parser.add_argument("--cleanrl", default=None, help="path to CleanRL's cleanrl/ppo.py")
+    parser.add_argument("--cleanrl-timeout", type=float, default=600.0)
     parser.add_argument("--seconds", type=float, default=4.0,
                         help="wall time per actor-learner measurement")
     args = parser.parse_args(argv)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     part_agents(args.seeds, args.skip_dqn)
-    part_cleanrl(args.cleanrl)
+    part_cleanrl(args.cleanrl, args.cleanrl_timeout)
     part_simulated(part_actor_learner(args.seconds))
     part_envs()
 

@@ -4,6 +4,9 @@ cluster simulator (conservation of frames, the saturating resource against its b
 
 import multiprocessing as mp
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -30,18 +33,44 @@ class ExplodingEnv(CartPole):
         return super().step(action)
 
 
-def assert_gone(pids):
-    deadline = time.monotonic() + 5
+def running(pid):
+    """True while ``pid`` exists and is not a zombie (an exited process nobody reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def assert_gone(pids, seconds=5):
+    deadline = time.monotonic() + seconds
     for pid in pids:
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            # a zombie still answers kill(0); joined children are reaped, so wait briefly
+        while running(pid):
             assert time.monotonic() < deadline, f"actor pid {pid} is still alive"
             time.sleep(0.02)
     assert not [p for p in mp.active_children() if p.name.startswith(("rl-actor", "rl-a3c"))]
+
+
+KILLED_PARENT = """
+import os, signal, sys
+from mlsys_lab.rl.distributed import ActorLearner, A3C
+from mlsys_lab.rl.envs import CartPole
+a = ActorLearner(CartPole, n_actors=2, unroll=8, envs_per_actor=1, queue_size=1)
+b = A3C(CartPole, n_workers=1, unroll=8)
+print(" ".join(str(p.pid) for p in a.procs + b.procs), flush=True)
+a.run(updates=2)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
+def test_actors_exit_when_their_learner_is_killed():
+    out = subprocess.run([sys.executable, "-c", KILLED_PARENT], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 3
+    assert_gone(pids, seconds=10)
 
 
 def test_actor_learner_counts_frames_and_learns_with_vtrace():

@@ -4,7 +4,7 @@ import numpy as np
 
 from ...engine.autodiff import value_and_grad
 from ...engine.compiler import Compiled
-from ...engine.tensor import Tensor, as_tensor
+from ...engine.tensor import Tensor, as_tensor, no_grad
 from ...errors import ArgumentError
 from ...nn import Linear, ReLU, Sequential, Tanh, functional_call
 from ...optim import Adam
@@ -48,7 +48,6 @@ def mlp(sizes, activation="tanh", rng=None, out_gain=1.0, hidden_gain=2.0 ** 0.5
 
 def forward(model, x):
     """``model(x)`` as a numpy array, without recording a tape (acting, targets)."""
-    from ...engine.tensor import no_grad
     with no_grad():
         out = model(np.asarray(x, np.float32))
     return out.data if isinstance(out, Tensor) else np.asarray(out)

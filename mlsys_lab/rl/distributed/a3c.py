@@ -9,6 +9,7 @@ workers applied between a worker's read and its write). The main process only wa
 """
 
 import multiprocessing as mp
+import os
 import queue as queue_module
 import time
 import traceback
@@ -22,7 +23,7 @@ from ...errors import ArgumentError
 from ..agents.advantage import gae
 from ..agents.networks import forward
 from ..agents.ppo import ActorCritic
-from .actor_learner import ActorError, _log_softmax, _shutdown, impala_loss
+from .actor_learner import ActorError, impala_loss, log_softmax_rows, orphaned, shutdown_workers
 
 
 def _views(shared, shapes):
@@ -37,8 +38,9 @@ def _views(shared, shapes):
 
 def a3c_worker(worker_id, env_fn, shared, square, version, lock, names, shapes, hidden,
                out_queue, errors, stop, unroll, seed, gamma, lr, alpha, eps, vf_coef, ent_coef,
-               max_grad_norm):
-    """One A3C worker: play, compute the gradient, apply it to the shared parameters."""
+               max_grad_norm, parent):
+    """One A3C worker: play, compute the gradient, apply it to the shared parameters; exits
+    when ``stop`` is set or the main process has died."""
     try:
         set_num_threads(blas=1)
         rng = np.random.default_rng(seed)
@@ -54,7 +56,7 @@ def a3c_worker(worker_id, env_fn, shared, square, version, lock, names, shapes, 
             return impala_loss(model, p, o, onehot, adv, ret, vf_coef, ent_coef)
 
         grad_fn = value_and_grad(loss, argnums=0)
-        while not stop.is_set():
+        while not stop.is_set() and not orphaned(parent):
             read = version.value
             for name, view in zip(names, theta):
                 params[name].data[...] = view  # a racy copy, as Hogwild reads
@@ -65,7 +67,7 @@ def a3c_worker(worker_id, env_fn, shared, square, version, lock, names, shapes, 
             finished = []
             for t in range(unroll):
                 o_buf[t] = obs
-                p = np.exp(_log_softmax(forward(model.pi, obs[None]))[0])
+                p = np.exp(log_softmax_rows(forward(model.pi, obs[None]))[0])
                 a = int(min(np.searchsorted(p.cumsum(), rng.random()), len(p) - 1))
                 obs, r, term, trunc, _ = env.step(a)
                 obs = np.asarray(obs, np.float32)
@@ -100,7 +102,8 @@ def a3c_worker(worker_id, env_fn, shared, square, version, lock, names, shapes, 
                     out_queue.put(item, timeout=0.05)
                     break
                 except queue_module.Full:
-                    continue
+                    if orphaned(parent):
+                        return
     except BaseException:  # noqa: BLE001 - every failure goes back to the main process
         errors.put((worker_id, traceback.format_exc()))
     finally:
@@ -148,11 +151,11 @@ class A3C:
                                         self._lock, self._names, shapes, tuple(hidden),
                                         self._queue, self._errors, self._stop, unroll,
                                         seed + 1 + i, gamma, lr, alpha, eps, vf_coef,
-                                        ent_coef, max_grad_norm))
+                                        ent_coef, max_grad_norm, os.getpid()))
                       for i in range(n_workers)]
         for p in self.procs:
             p.start()
-        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self._stop,
+        self._finalizer = weakref.finalize(self, shutdown_workers, self.procs, self._stop,
                                            self._queue, self._errors)
 
     def sync_model(self):

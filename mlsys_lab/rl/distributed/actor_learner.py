@@ -9,10 +9,12 @@ therefore stale by however many updates happened meanwhile (``stats["lag"]``).
 Shutdown: :meth:`ActorLearner.close` (also on ``with`` exit, after an error, and when the object
 is collected) sets a stop event, drains the queue so no actor stays blocked in ``put``, joins
 every actor with a timeout and terminates any that did not exit. An exception inside an actor
-is sent back with its traceback and raised in the learner as :class:`ActorError`.
+is sent back with its traceback and raised in the learner as :class:`ActorError`. An actor
+whose learner process died (killed, say) notices it is orphaned and exits by itself.
 """
 
 import multiprocessing as mp
+import os
 import queue as queue_module
 import time
 import traceback
@@ -53,14 +55,21 @@ def numpy_policy(arrays, obs):
     return h
 
 
-def _log_softmax(z):
+def log_softmax_rows(z):
+    """log-softmax over the last axis, in numpy."""
     z = z - z.max(axis=-1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+def orphaned(parent):
+    """True once the process that started this one has gone (we were re-parented)."""
+    return os.getppid() != parent
+
+
 def actor_loop(actor_id, env_fn, shared, version, lock, shapes, n_pi, out_queue, errors,
-               stop, unroll, n_envs, seed, gamma, fail_after):
-    """One actor process: play ``n_envs`` environments, ``unroll`` steps at a time."""
+               stop, unroll, n_envs, seed, gamma, fail_after, parent):
+    """One actor process: play ``n_envs`` environments, ``unroll`` steps at a time; exits
+    when ``stop`` is set or the learner's process has died."""
     try:
         rng = np.random.default_rng(seed)
         envs = [env_fn() for _ in range(n_envs)]
@@ -68,7 +77,7 @@ def actor_loop(actor_id, env_fn, shared, version, lock, shapes, n_pi, out_queue,
                         for i, e in enumerate(envs)])
         ep_ret = np.zeros(n_envs)
         seen, arrays, sent = -1, None, 0
-        while not stop.is_set():
+        while not stop.is_set() and not orphaned(parent):
             with lock:
                 if version.value != seen:
                     seen = version.value
@@ -83,7 +92,7 @@ def actor_loop(actor_id, env_fn, shared, version, lock, shapes, n_pi, out_queue,
             finished = []
             for t in range(unroll):
                 o_buf[t] = obs
-                logp = _log_softmax(numpy_policy(pi, obs))
+                logp = log_softmax_rows(numpy_policy(pi, obs))
                 u = rng.random((n_envs, 1))
                 act = (np.exp(logp).cumsum(axis=1) < u).sum(axis=1).clip(0, logp.shape[1] - 1)
                 a_buf[t], lp_buf[t] = act, logp[np.arange(n_envs), act]
@@ -107,7 +116,8 @@ def actor_loop(actor_id, env_fn, shared, version, lock, shapes, n_pi, out_queue,
                     sent += 1
                     break
                 except queue_module.Full:
-                    continue
+                    if orphaned(parent):
+                        return
     except BaseException:  # noqa: BLE001 - every failure goes back to the learner
         errors.put((actor_id, traceback.format_exc()))
     finally:
@@ -128,7 +138,9 @@ def impala_loss(model, params, obs, actions_onehot, pg_advantages, vs, vf_coef=0
     return pg + vf_coef * vl - ent_coef * ent
 
 
-def _shutdown(procs, stop, q, errors):
+def shutdown_workers(procs, stop, q, errors):
+    """Stop ``procs``: set ``stop``, drain ``q`` while they exit, join, terminate stragglers,
+    close both queues."""
     stop.set()
     deadline = time.monotonic() + 5.0
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
@@ -219,11 +231,11 @@ class ActorLearner:
                                   args=(i, env_fn, self._shared, self._version, self._lock,
                                         self._shapes, self._n_pi, self._queue, self._errors,
                                         self._stop, unroll, envs_per_actor, seed + 1 + i, gamma,
-                                        fail_after if i == 0 else None))
+                                        fail_after if i == 0 else None, os.getpid()))
                       for i in range(n_actors)]
         for p in self.procs:
             p.start()
-        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self._stop,
+        self._finalizer = weakref.finalize(self, shutdown_workers, self.procs, self._stop,
                                            self._queue, self._errors)
 
     # -- parameters -------------------------------------------------------------------------
@@ -265,7 +277,7 @@ class ActorLearner:
         flat_obs = o.reshape(-1, self.obs_size)
         logits = forward(self.model.pi, flat_obs).reshape(t_ + 1, n_, -1)
         values = forward(self.model.v, flat_obs).reshape(t_ + 1, n_)
-        pi_logp = np.take_along_axis(_log_softmax(logits[:t_]), a[..., None], axis=2)[..., 0]
+        pi_logp = np.take_along_axis(log_softmax_rows(logits[:t_]), a[..., None], axis=2)[..., 0]
         if self.correction == "vtrace":
             vt = vtrace(mu_logp, pi_logp, r, d, values[:t_], values[t_])
         else:  # pretend the data is on-policy: every ratio 1
