@@ -99,6 +99,15 @@ def test_dqn_targets_use_the_target_network_and_stop_at_termination():
     assert not np.allclose(q_next, 0)  # the online network (zeroed) was not used
     agent.sync_target()
     np.testing.assert_allclose(agent.targets(batch), np.arange(5), atol=1e-6)
+    # Double DQN: the online network (here always preferring action 1) picks, the target values
+    double = DQN(4, 2, seed=0, hidden=(8,), gamma=0.9, double=True)
+    state = {k: v * 0 for k, v in double.q.state_dict().items()}
+    state["2.bias"] = np.array([0.0, 1.0], np.float32)
+    double.q.load_state_dict(state)
+    q_next = double.target(nxt).numpy()
+    assert (q_next.argmax(axis=1) == 0).any()  # the plain max would differ somewhere
+    want = np.arange(5) + 0.9 * np.array([1, 0, 1, 0, 1]) * q_next[:, 1]
+    np.testing.assert_allclose(double.targets(batch), want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["dqn", "ppo"])
