@@ -300,3 +300,47 @@ def test_the_exercise_key_is_a_working_rsa_key():
     assert n.bit_length() == 256
     assert all(pow(pow(x, e, n), d, n) == x for x in (2, 12345, n - 2))
     assert not is_probable_prime(n)
+
+
+# ============================================================================= independent answers
+def aggregate_with_np_average(current, results, sampled):
+    if len(results) == 0:
+        return dict(current)
+    w = np.array([r["num_examples"] for r in results], dtype=float)
+    return {k: np.average(np.stack([r["parameters"][k] for r in results]), axis=0, weights=w)
+            for k in current}
+
+
+def masked_upload_in_python_ints(u, x, seeds, bits, prg):
+    ring = 1 << bits
+    y = [int(v) for v in x]
+    for v in sorted(seeds):
+        sign = 1 if u < v else -1
+        y = [(a + sign * int(m)) % ring for a, m in zip(y, prg(seeds[v], len(y)))]
+    return np.array(y, dtype=np.uint64)
+
+
+def blind_psi_one_message_per_id(items, n, e, published, sign_blinded, H, H_prime, rng):
+    def inverse(a, m):  # extended Euclid
+        r0, r1, s0, s1 = m, a % m, 0, 1
+        while r1:
+            q = r0 // r1
+            r0, r1, s0, s1 = r1, r0 - q * r1, s1, s0 - q * s1
+        return s0 % m
+
+    kept = []
+    for b in items:
+        r = rng.randrange(2, n - 1)
+        (signed,) = sign_blinded([H(b) * pow(r, e, n) % n])
+        if H_prime(signed * inverse(r, n) % n) in published:
+            kept.append(b)
+    return kept
+
+
+@pytest.mark.parametrize("ex_id, answer", [
+    ("14.1", aggregate_with_np_average), ("14.2", masked_upload_in_python_ints),
+    ("14.3", blind_psi_one_message_per_id),
+], ids=["14.1 np.average", "14.2 python ints", "14.3 one message per id"])
+@pytest.mark.parametrize("seed", [2, 9])
+def test_independent_answers_score_full_marks(ex_id, answer, seed):
+    full(run_cases(ex_id, answer, seed=seed))
