@@ -11,7 +11,7 @@ Stored (float64, no pickle):
   (``(R + BᵀPB)⁻¹BᵀPA`` from it) and ``lqr/<i>/K_control`` (``control.dlqr``'s gain);
 * ``zoh/{A,B,dt,Ad,Bd}`` — the cart-pole's linearisation discretised by
   ``scipy.signal.cont2discrete(method="zoh")``; ``expm/<i>/{M,E}`` — ``scipy.linalg.expm``;
-* ``qp/<i>/{H,g,C,lo,hi,z,f}`` — MPC QPs of the cart-pole with input and state limits
+* ``qp/<i>/{x0,u_max,H,g,C,lo,hi,z,f}`` — eight MPC QPs of the cart-pole with input and state limits
   (``mlsys_lab.robotics.mpc.MPC.qp`` builds them) and their optimum found by
   ``scipy.optimize.minimize(method="SLSQP")`` at ``ftol=1e-15``, then polished by SciPy's
   ``lstsq`` on the optimum's active set (the reference solver's answer, independent of the
@@ -91,14 +91,15 @@ def qp_reference(h, g, c, lo, hi):
 
 def qp_cases(out):
     from mlsys_lab.robotics.mpc import cartpole_mpc
-    mpc = cartpole_mpc(horizon=20)
-    starts = [[0.0, 0.0, 0.25, 0.0], [0.5, -0.3, -0.2, 0.4], [-0.8, 0.0, 0.1, -0.5],
-              [0.0, 0.0, 0.05, 0.0]]
-    for i, x0 in enumerate(starts):
-        h, g, c, lo, hi = mpc.qp(np.array(x0))
+    cases = [(10.0, [0.0, 0.0, 0.25, 0.0]), (10.0, [0.5, -0.3, -0.2, 0.4]),
+             (10.0, [0.8, 0.5, 0.1, 0.0]), (10.0, [0.0, 0.0, 0.05, 0.0]),
+             (5.0, [0.0, 0.0, 0.3, 0.0]), (5.0, [0.8, 0.5, 0.1, 0.0]),
+             (3.0, [-0.5, -1.0, -0.2, 0.5]), (3.0, [0.0, 0.0, 0.15, 0.3])]
+    for i, (u_max, x0) in enumerate(cases):
+        h, g, c, lo, hi = cartpole_mpc(horizon=20, u_max=u_max).qp(np.array(x0))
         z, f = qp_reference(h, g, c, lo, hi)
-        for name, v in dict(x0=np.array(x0), H=h, g=g, C=c, lo=lo, hi=hi, z=z,
-                            f=np.array(f)).items():
+        for name, v in dict(x0=np.array(x0), u_max=np.array(u_max), H=h, g=g, C=c, lo=lo,
+                            hi=hi, z=z, f=np.array(f)).items():
             out[f"qp/{i}/{name}"] = v
 
 
