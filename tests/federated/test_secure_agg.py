@@ -198,3 +198,24 @@ def test_bad_inputs_are_refused_with_the_function_named():
     with pytest.raises(ArgumentError, match="unknown clients"):
         sa.secure_aggregate({1: np.zeros(2, np.uint64)}, sa.SecAggParams(1, 8, dh.TOY_256),
                             drop_before_upload=[7])
+
+
+def test_secure_weighted_average_is_fedavgs_average_within_fixed_point():
+    """The securely aggregated FedAvg step against the float64 weighted mean of the clients
+    that uploaded (a drop-out's model and count are in neither sum)."""
+    rng = np.random.default_rng(6)
+    shapes = {"W": (5, 3), "b": (3,)}
+    models = [{k: rng.normal(size=s) for k, s in shapes.items()} for _ in range(6)]
+    counts = [3, 40, 7, 12, 1, 25]
+    params = sa.SecAggParams(4, 48, dh.TOY_256)
+    avg, res = sa.secure_weighted_average(models, counts, params, frac_bits=20,
+                                          drop_before_upload=[1], rng=0)
+    kept = [0, 2, 3, 4, 5]
+    total = sum(counts[k] for k in kept)
+    for name in shapes:
+        want = sum(counts[k] * models[k][name] for k in kept) / total
+        assert avg[name].shape == shapes[name]
+        assert np.abs(avg[name] - want).max() <= 2.0 ** -20
+    assert res.dropped == [2]
+    with pytest.raises(ArgumentError, match="does not fit"):
+        sa.secure_weighted_average(models, counts, sa.SecAggParams(4, 16, dh.TOY_256), rng=0)

@@ -35,12 +35,12 @@ import numpy as np
 
 from mlsys_lab.errors import ArgumentError, MLSysError
 from mlsys_lab.federated.crypto import dh, shamir
-from mlsys_lab.federated.crypto.prg import check_bits, expand, ring_mask
+from mlsys_lab.federated.crypto.prg import check_bits, decode_fixed, encode_fixed, expand, ring_mask
 from mlsys_lab.federated.crypto.primes import as_rng, int_to_bytes
 
 __all__ = ["SecAggParams", "SecAggClient", "SecAggCost", "SecAggResult", "SecAggAbort",
            "pairwise_mask", "mask_input", "secure_aggregate", "plain_upload_bytes",
-           "encrypt_share", "decrypt_share"]
+           "encrypt_share", "decrypt_share", "secure_weighted_average"]
 
 _ID_BYTES = 4
 _TAG_BYTES = 32
@@ -398,3 +398,61 @@ def _server_unmask(params, keys, uploads, responses, u2, u3, dim) -> np.ndarray:
                 seed = dh.shared_seed(g, dh.agree(g, secret, keys[u][1]), b"pairwise-mask")
                 total = total - pairwise_mask(seed, u, v, dim, bits)
     return total & m
+
+
+def secure_weighted_average(models, num_examples, params: SecAggParams, *, frac_bits: int = 16,
+                            drop_before_upload=(), rng=None):
+    """FedAvg's server step through secure aggregation: the server learns Σ n_k w_k and Σ n_k
+    over the clients that uploaded, never one client's model.
+
+    Client k (id k + 1) uploads one ring vector: its model times its sample count, in fixed
+    point, followed by the count itself. The server divides the two sums.
+
+    Args:
+        models: one ``{name: array}`` per client, all with the same names and shapes.
+        num_examples: each client's sample count (non-negative ints).
+        params: ``SecAggParams``; ``bits`` must hold Σ n_k |w_k| 2^frac_bits (checked).
+        frac_bits: fixed-point fractional bits of n_k w_k.
+        drop_before_upload: indices (0-based, in ``models``) of clients that drop after
+            sharing keys: their updates are left out of both sums.
+        rng: see ``primes.as_rng``.
+
+    Returns:
+        ``(average, result)``: the model ``Σ n_k w_k / Σ n_k`` over the uploaded clients (its
+        error against the float average is below 2^-frac_bits per entry) and the
+        ``SecAggResult`` (costs, what the server saw).
+    """
+    models = list(models)
+    counts = [int(n) for n in num_examples]
+    if not models or len(counts) != len(models) or min(counts) < 0:
+        raise ArgumentError(f"secure_weighted_average: need one non-negative count per model, "
+                            f"got {len(models)} models and {len(counts)} counts")
+    names = sorted(models[0])
+    shapes = {k: np.shape(models[0][k]) for k in names}
+    for m in models[1:]:
+        if sorted(m) != names or any(np.shape(m[k]) != shapes[k] for k in names):
+            raise ArgumentError("secure_weighted_average: models differ in names or shapes")
+    flat = [np.concatenate([np.asarray(m[k], dtype=np.float64).ravel() for k in names])
+            for m in models]
+    bound = sum(n * float(np.abs(f).max(initial=0.0)) for n, f in zip(counts, flat))
+    if (bound + 1) * 2.0 ** frac_bits >= 2.0 ** (params.bits - 1) or sum(counts) >= 2 ** (
+            params.bits - 1):
+        raise ArgumentError(f"secure_weighted_average: Σ n_k |w_k| · 2^{frac_bits} = "
+                            f"{bound * 2.0 ** frac_bits:.3g} does not fit in Z_2^{params.bits}; "
+                            f"use more bits or fewer fractional bits")
+    inputs = {}
+    for k, (n, f) in enumerate(zip(counts, flat)):
+        body = encode_fixed(n * f, frac_bits, params.bits)
+        inputs[k + 1] = np.concatenate([body, np.array([n], dtype=np.uint64)])
+    result = secure_aggregate(inputs, params, drop_before_upload=[k + 1 for k in
+                                                                  drop_before_upload], rng=rng)
+    total_n = int(result.total[-1])
+    if total_n == 0:
+        raise ArgumentError("secure_weighted_average: the uploaded clients hold no examples")
+    mean = decode_fixed(result.total[:-1], frac_bits, params.bits) / total_n
+    out, start = {}, 0
+    for k in names:
+        size = int(np.prod(shapes[k], dtype=np.int64))
+        out[k] = mean[start:start + size].reshape(shapes[k])
+        start += size
+    return out, result
