@@ -12,7 +12,8 @@ Prints:
    (median of the rounds; target <= 2 s on 2 cores) split into local training (vectorised over
    the sampled clients) and the rest (simulator, aggregation), simulated seconds per round
    (the deadline when a client dropped out) and when the last upload arrived, bytes up and
-   down, the clients completed / dropped / late. Baseline measured in the same run: the same
+   down, the clients completed / dropped / late; then the same with over-selection (the round
+   closes at the first 80 % of uploads). Baseline measured in the same run: the same
    round's local training one client at a time (100 calls) — the ratio is what vectorising
    over clients buys. A second fleet without drop-outs and no deadline shows the straggler
    setting the pace.
@@ -54,13 +55,16 @@ def thousand_clients(rounds):
     print("| fleet | real s/round | of which training | sim s/round | last upload at | "
           "completed / dropped / late | kB up | kB down |")
     print("|---|---|---|---|---|---|---|---|")
-    fleets = [("device-cloud, 10 % drop-out, deadline 20 s", fl.Fleet.device_cloud(1000), 20.0),
+    fleets = [("device-cloud, 10 % drop-out, deadline 20 s", fl.Fleet.device_cloud(1000), 20.0,
+               None),
+              ("same, closing at the first 80 % of uploads", fl.Fleet.device_cloud(1000), 20.0,
+               0.8),
               ("device-cloud, no drop-out, no deadline",
-               fl.Fleet.device_cloud(1000, drop_prob=0.0), None)]
+               fl.Fleet.device_cloud(1000, drop_prob=0.0), None, None)]
     train_share = None
-    for name, fleet, deadline in fleets:
+    for name, fleet, deadline, accept in fleets:
         server = fl.Server(fl.FedAvg(fraction_fit=0.1, local_epochs=1, batch_size=10, lr=0.1),
-                           data, p0, fleet=fleet, deadline=deadline, seed=0)
+                           data, p0, fleet=fleet, deadline=deadline, seed=0, accept=accept)
         server.round()                                             # warm-up (first dispatch)
         train_times, recs = [], []
         for _ in range(rounds):

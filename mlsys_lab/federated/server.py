@@ -81,10 +81,13 @@ class Server:
         update_transform: ``f(global, trained, rng) -> params`` applied on each client to its
             trained model before upload (e.g. :class:`~.privacy.LocalDP`).
         trace: keep each round's ``ml.Span`` records (``RoundRecord.spans``).
+        accept: close a round once this share of the sampled clients has uploaded (over-
+            selection, as in Bonawitz et al. 2019: sample more than needed, keep the first);
+            None: wait for all (or the deadline).
     """
 
     def __init__(self, strategy, clients, parameters, fleet=None, deadline=None, seed=0,
-                 update_transform=None, trace=False, server_bandwidth=1.25e9):
+                 update_transform=None, trace=False, server_bandwidth=1.25e9, accept=None):
         if not isinstance(clients, ClientData):
             raise ArgumentError(f"Server: clients must be a ClientData, got "
                                 f"{type(clients).__name__}")
@@ -92,12 +95,14 @@ class Server:
         if len(self.fleet) != len(clients):
             raise ArgumentError(f"Server: the fleet has {len(self.fleet)} devices for "
                                 f"{len(clients)} clients")
+        if accept is not None and not 0 < accept <= 1:
+            raise ArgumentError(f"Server: accept={accept!r} must be a share in (0, 1]")
         if deadline is None and np.any(self.fleet.drop_prob > 0):
             raise ArgumentError("Server: the fleet has drop-outs, so a round needs a deadline")
         self.strategy, self.clients = strategy, clients
         self.parameters = {k: np.array(v) for k, v in parameters.items()}
         self.deadline, self.seed, self.update_transform = deadline, seed, update_transform
-        self.trace, self.server_bandwidth = trace, server_bandwidth
+        self.trace, self.server_bandwidth, self.accept = trace, server_bandwidth, accept
         self.rounds_done = 0
         self.history = []
 
@@ -149,6 +154,8 @@ class Server:
 
         timing = simulate_round(self.fleet, cids, mdl.flatten(params), payloads, flops,
                                 aggregate=aggregate, deadline=self.deadline, drop_at=drop_at,
+                                accept=None if self.accept is None else max(
+                                    1, int(np.ceil(self.accept * len(cids)))),
                                 server_bandwidth=self.server_bandwidth, trace=self.trace)
         self.parameters = {k: np.asarray(v) for k, v in timing.aggregate.items()}
         metrics = self.strategy.evaluate(r, self.parameters)

@@ -10,7 +10,8 @@ and downlink rates (one direction each); the server's link is the data centre's.
   takes uploads in arrival order (``recv_any``) until every sampled client has reported or the
   timer's tick arrives; the uploads it took, and only those, go to ``aggregate`` (so a
   dropped or late client's update never reaches the model); aggregation is charged as
-  compute on the server.
+  compute on the server. With ``accept`` it closes the round after that many uploads
+  (over-selection: sample more clients than needed, keep the first to arrive).
 * **timer**: computes for ``deadline`` seconds, then sends the server a tick.
 * **client**: receives the model, computes its local training (FLOPs over its device's
   FLOP/s), uploads its trained parameters with its sample count appended; a client that drops
@@ -54,11 +55,11 @@ class RoundTiming:
     trace: list = field(default_factory=list)
 
 
-def _server(comm, model, count, has_timer, aggregate, aggregate_flops):
+def _server(comm, model, count, has_timer, aggregate, aggregate_flops, accept):
     first = 2 if has_timer else 1
     yield comm.exchange(sends=[(model, first + i, MODEL) for i in range(count)])
     got, last = {}, 0.0
-    while len(got) < count:
+    while len(got) < accept:
         src, array = yield comm.recv_any(tag=UPDATE)
         if has_timer and src == TIMER:
             break
@@ -85,8 +86,8 @@ def _client(comm, payload, train_flops, drop_at):
 
 
 def simulate_round(fleet, cids, model_vector, payloads, train_flops, *, aggregate,
-                   deadline=None, drop_at=None, server_bandwidth=1.25e9, server_latency=1e-3,
-                   server_flops=1e12, trace=False):
+                   deadline=None, drop_at=None, accept=None, server_bandwidth=1.25e9,
+                   server_latency=1e-3, server_flops=1e12, trace=False):
     """Run one round's messages and clocks.
 
     Args:
@@ -99,6 +100,8 @@ def simulate_round(fleet, cids, model_vector, payloads, train_flops, *, aggregat
         deadline: simulated seconds from the round's start (None: wait for every client,
             which needs a fleet without drop-outs).
         drop_at: per sampled client, None or the fraction of its training done when it drops.
+        accept: close the round after this many uploads (None: all sampled clients); the
+            later ones count as late.
         server_bandwidth, server_latency, server_flops: the server's link and compute.
         trace: keep one ``ml.Span`` per compute, send and receive, on lanes ``"server"``,
             ``"deadline"`` and ``"client <cid>"``.
@@ -114,7 +117,10 @@ def simulate_round(fleet, cids, model_vector, payloads, train_flops, *, aggregat
         raise ArgumentError(f"simulate_round: {count} clients but {len(payloads)} payloads and "
                             f"{len(train_flops)} FLOP counts")
     drop_at = [None] * count if drop_at is None else list(drop_at)
-    if deadline is None and any(d is not None for d in drop_at):
+    accept = count if accept is None else int(accept)
+    if not 1 <= accept <= count:
+        raise ArgumentError(f"simulate_round: accept={accept} must be in 1..{count}")
+    if deadline is None and accept > sum(d is None for d in drop_at):
         raise ArgumentError("simulate_round: clients drop out but the round has no deadline; "
                             "the server would wait for them forever")
     has_timer = deadline is not None
@@ -130,7 +136,7 @@ def simulate_round(fleet, cids, model_vector, payloads, train_flops, *, aggregat
         topo.add_link(r, hub, float(fleet.latency[c]), 1.0 / float(fleet.uplink[c]))
         topo.set_link(hub, r, beta=1.0 / float(fleet.downlink[c]), both=False)
     agg_flops = 2.0 * np.asarray(model_vector).size
-    args = [(model_vector, count, has_timer, aggregate, agg_flops)]
+    args = [(model_vector, count, has_timer, aggregate, agg_flops, accept)]
     progs = {SERVER: _server}
     if has_timer:
         args.append((float(deadline),))

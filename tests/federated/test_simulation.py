@@ -58,3 +58,22 @@ def test_thousand_clients_round_runs():
     rec = server.round()
     assert len(rec.sampled) == 100 and 70 <= len(rec.completed) <= 100
     assert set(rec.completed) | set(rec.dropped) | set(rec.late) == set(rec.sampled)
+
+
+def test_over_selection_keeps_the_first_uploads():
+    fleet = fl.Fleet.uniform(4, flops=1e9, uplink=1e6, downlink=1e6, latency=0.01)
+    fleet.uplink[:] = [1e3, 1e5, 1e4, 1e6]             # arrival order: 3, 1, 2, 0
+    pay = [np.zeros(251, dtype=np.float32)] * 4        # 1,004 bytes
+    t = fl.simulate_round(fleet, range(4), np.zeros(10), pay, [0.0] * 4,
+                          aggregate=lambda r: [i for i, _ in r], accept=2, deadline=100.0)
+    assert t.aggregate == [1, 3] and t.late == [0, 2]
+    assert t.last_arrival == pytest.approx(0.001 + 80 / 1e6 + 0.02 + 0.001 + 1004 / 1e5)
+    with pytest.raises(ArgumentError, match="accept=5"):
+        fl.simulate_round(fleet, range(4), np.zeros(10), pay, [0.0] * 4, aggregate=len,
+                          accept=5)
+    x, y, _, _ = fl.load_digits()
+    server = fl.Server(fl.FedAvg(fraction_fit=0.5), fl.ClientData(
+        x, y, fl.partition.iid(len(y), 40)), fl.model.init_mlp(dtype=np.float32),
+        fleet=fl.Fleet.device_cloud(40, drop_prob=0.1), deadline=30.0, accept=0.7, seed=2)
+    rec = server.round()
+    assert len(rec.completed) == 14 and rec.sim_time < 30.0
