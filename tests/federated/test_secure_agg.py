@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mlsys_lab.errors import ArgumentError
-from mlsys_lab.federated.crypto import dh, prg
+from mlsys_lab.federated.crypto import dh, prg, shamir
 from mlsys_lab.federated.crypto import secure_agg as sa
 
 
@@ -219,3 +219,28 @@ def test_secure_weighted_average_is_fedavgs_average_within_fixed_point():
     assert res.dropped == [2]
     with pytest.raises(ArgumentError, match="does not fit"):
         sa.secure_weighted_average(models, counts, sa.SecAggParams(4, 16, dh.TOY_256), rng=0)
+
+
+def test_a_late_upload_stays_hidden_by_its_self_mask():
+    """Why b_u exists (Bonawitz et al. §4): the server declares client 3 dropped, collects
+    shares of its key s_3 and rebuilds its pairwise masks — and then client 3's upload
+    arrives after all. Removing the pairwise masks leaves x_3 + PRG(b_3), not x_3."""
+    ids, bits = [1, 2, 3, 4], 16
+    inputs = _inputs(ids, 64, bits, 8)
+    params = sa.SecAggParams(3, bits, dh.TOY_256)
+    clients = {u: sa.SecAggClient(u, inputs[u], params, rng=10 + u) for u in ids}
+    keys = {u: c.advertise_keys() for u, c in clients.items()}
+    out = {u: c.share_keys(keys) for u, c in clients.items()}
+    for u, c in clients.items():
+        c.receive_shares({v: out[v][u] for v in ids if v != u})
+    late = clients[3].masked_input(ids)                      # arrives after the server asked
+    answers = {u: clients[u].unmask(ids, [1, 2, 4]) for u in (1, 2, 4)}
+    s3 = shamir.reconstruct([(u, answers[u][3][1]) for u in (1, 2, 4)], dh.TOY_256.p, 3)
+    rest = late
+    for v in (1, 2, 4):
+        seed = dh.shared_seed(dh.TOY_256, dh.agree(dh.TOY_256, s3, keys[v][1]), b"pairwise-mask")
+        rest = prg.ring_sub(rest, sa.pairwise_mask(seed, 3, v, 64, bits), bits)
+    self_mask = prg.expand(clients[3].self_seed_bytes(clients[3]._b), 64, bits)
+    assert np.array_equal(rest, prg.ring_add(inputs[3], self_mask, bits))  # x_3 + PRG(b_3)
+    assert (rest != inputs[3]).mean() > 0.9                                # not x_3
+    assert all(answers[u][3][0] == "s" for u in (1, 2, 4))  # nobody also gave away b_3
