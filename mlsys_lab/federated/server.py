@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ArgumentError
+from ..span import Span
 from . import model as mdl
 from .fleet import Fleet
 from .simulation import simulate_round
@@ -49,7 +50,13 @@ class ClientData:
 
 @dataclass
 class RoundRecord:
-    """One round: who was sampled, whose update reached the model, time, bytes, metrics."""
+    """One round: who was sampled, whose update reached the model, time, bytes, metrics.
+
+    ``sim_time`` and ``last_arrival`` count from the round's start; ``start`` is the simulated
+    time the round began (rounds follow each other on one clock), and ``spans`` (with
+    ``trace=True``) sit on that clock: one ``"round r"`` span on lane ``"rounds"``, then the
+    simulator's compute/send/recv spans on lanes ``"server"``, ``"deadline"``,
+    ``"client <cid>"`` (``ml.viz.plot_spans`` draws them)."""
 
     round: int
     sampled: list
@@ -64,6 +71,7 @@ class RoundRecord:
     wall: float
     metrics: dict | None = None
     spans: list = field(default_factory=list)
+    start: float = 0.0
 
 
 class Server:
@@ -80,7 +88,8 @@ class Server:
         seed: seeds every random choice of every round.
         update_transform: ``f(global, trained, rng) -> params`` applied on each client to its
             trained model before upload (e.g. :class:`~.privacy.LocalDP`).
-        trace: keep each round's ``ml.Span`` records (``RoundRecord.spans``).
+        trace: keep each round's ``ml.Span`` records (``RoundRecord.spans``), on one simulated
+            clock across rounds (``Server.clock``).
         accept: close a round once this share of the sampled clients has uploaded (over-
             selection, as in Bonawitz et al. 2019: sample more than needed, keep the first);
             None: wait for all (or the deadline).
@@ -104,6 +113,7 @@ class Server:
         self.deadline, self.seed, self.update_transform = deadline, seed, update_transform
         self.trace, self.server_bandwidth, self.accept = trace, server_bandwidth, accept
         self.rounds_done = 0
+        self.clock = 0.0
         self.history = []
 
     def round(self):
@@ -160,11 +170,18 @@ class Server:
         self.parameters = {k: np.asarray(v) for k, v in timing.aggregate.items()}
         metrics = self.strategy.evaluate(r, self.parameters)
         self.rounds_done = r
+        begin, self.clock = self.clock, self.clock + timing.sim_time
+        spans = []
+        if self.trace:
+            spans = [Span("rounds", f"round {r}", begin, self.clock, "round",
+                          {"round": r, "sampled": len(cids), "completed": len(timing.received)})]
+            spans += [Span(sp.lane, sp.name, sp.start + begin, sp.end + begin, sp.kind,
+                           sp.detail) for sp in timing.trace]
         record = RoundRecord(r, cids, [cids[i] for i in timing.received],
                              [cids[i] for i in timing.dropped], [cids[i] for i in timing.late],
                              timing.sim_time, timing.last_arrival, timing.bytes_down,
                              timing.bytes_up, timing.messages, time.perf_counter() - start,
-                             metrics, timing.trace)
+                             metrics, spans, begin)
         self.history.append(record)
         return record
 

@@ -152,6 +152,13 @@ def test_sampling_and_bytes(digits):
     assert rec.messages == 20
     lanes = {s.lane for s in rec.spans}
     assert "server" in lanes and {f"client {c}" for c in rec.sampled} <= lanes
+    second = server.round()
+    first_round, second_round = rec.spans[0], second.spans[0]
+    assert (first_round.lane, first_round.name, first_round.start) == ("rounds", "round 1", 0.0)
+    assert first_round.duration == pytest.approx(rec.sim_time)
+    assert second.start == second_round.start == first_round.end == pytest.approx(rec.sim_time)
+    assert min(s.start for s in second.spans) >= first_round.end
+    assert max(s.end for s in rec.spans) <= first_round.end + 1e-12
 
 
 def test_server_momentum_and_fedadam(digits):
