@@ -68,3 +68,13 @@ def test_bad_ciphertexts_and_keys_are_refused():
         pl.encrypt(PK, 1.5)
     with pytest.raises(ArgumentError, match="paillier.generate"):
         pl.generate(31)
+
+
+def test_crt_decryption_equals_the_textbook_formula():
+    rng = random.Random(6)
+    assert SK.p * SK.q == PK.n
+    for m in [0, 1, PK.n - 1] + [rng.randrange(PK.n) for _ in range(30)]:
+        c = pl.encrypt(PK, m, rng)
+        assert pl.decrypt(SK, c, crt=True) == pl.decrypt(SK, c, crt=False) == m
+    bare = pl.PaillierPrivateKey(PK, SK.lam, SK.mu)  # without the primes: the formula
+    assert pl.decrypt(bare, pl.encrypt(PK, 77, rng)) == 77

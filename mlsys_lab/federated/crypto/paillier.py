@@ -16,6 +16,7 @@ it out.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -50,11 +51,14 @@ class PaillierPublicKey:
 
 @dataclass(frozen=True)
 class PaillierPrivateKey:
-    """``λ``, ``μ`` and the public key."""
+    """``λ``, ``μ`` and the public key; with the primes ``p``, ``q`` decryption runs mod p²
+    and q² and is combined by the Chinese remainder theorem (about 4× faster)."""
 
     public: PaillierPublicKey
     lam: int
     mu: int
+    p: int | None = None
+    q: int | None = None
 
 
 def generate(bits: int = 1024, rng=None) -> PaillierPrivateKey:
@@ -67,7 +71,7 @@ def generate(bits: int = 1024, rng=None) -> PaillierPrivateKey:
         n = p * q
         if p != q and math.gcd(n, (p - 1) * (q - 1)) == 1:
             lam = math.lcm(p - 1, q - 1)
-            return PaillierPrivateKey(PaillierPublicKey(n), lam, pow(lam, -1, n))
+            return PaillierPrivateKey(PaillierPublicKey(n), lam, pow(lam, -1, n), p, q)
 
 
 def _check_ct(pk: PaillierPublicKey, c, who: str) -> int:
@@ -88,12 +92,35 @@ def encrypt(pk: PaillierPublicKey, m: int, rng=None) -> int:
     return (1 + (m % pk.n) * pk.n) * pow(r, pk.n, pk.n2) % pk.n2
 
 
-def decrypt(sk: PaillierPrivateKey, c: int, signed: bool = False) -> int:
-    """m = L(c^λ mod n²) · μ mod n; with ``signed``, values above n/2 read as negative."""
+def decrypt(sk: PaillierPrivateKey, c: int, signed: bool = False, crt: bool = True) -> int:
+    """m = L(c^λ mod n²) · μ mod n; with ``signed``, values above n/2 read as negative.
+
+    With the key's primes (and ``crt``), m mod p = L_p(c^(p−1) mod p²) · h_p mod p, likewise
+    mod q, combined by the CRT — the same m from two half-size exponentiations.
+    """
     pk = sk.public
     _check_ct(pk, c, "paillier.decrypt")
-    m = (pow(c, sk.lam, pk.n2) - 1) // pk.n * sk.mu % pk.n
+    if crt and sk.p is not None and sk.q is not None:
+        m = _decrypt_crt(sk, c)
+    else:
+        m = (pow(c, sk.lam, pk.n2) - 1) // pk.n * sk.mu % pk.n
     return m - pk.n if signed and m > pk.n // 2 else m
+
+
+@functools.lru_cache(maxsize=64)
+def _crt_h(r: int, n: int) -> int:
+    """h_r = L_r(g^(r−1) mod r²)^-1 mod r for g = n + 1 (once per key and prime)."""
+    r2 = r * r
+    return pow((pow(n + 1, r - 1, r2) - 1) // r, -1, r)
+
+
+def _decrypt_crt(sk: PaillierPrivateKey, c: int) -> int:
+    parts = []
+    for r in (sk.p, sk.q):
+        r2 = r * r
+        parts.append((pow(c % r2, r - 1, r2) - 1) // r * _crt_h(r, sk.public.n) % r)
+    mp, mq = parts
+    return mq + (mp - mq) * pow(sk.q, -1, sk.p) % sk.p * sk.q
 
 
 def add(pk: PaillierPublicKey, c1: int, c2: int) -> int:
