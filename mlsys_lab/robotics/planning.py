@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import ArgumentError, ShapeError
 
 __all__ = ["HEURISTICS", "PlanResult", "astar", "dijkstra", "follow_path", "grid_neighbors",
-           "inflate", "path_cost", "random_grid"]
+           "inflate", "path_cost", "pure_pursuit", "random_grid"]
 
 SQRT2 = math.sqrt(2.0)
 
@@ -213,22 +213,7 @@ def follow_path(robot, waypoints, x0, speed=0.5, lookahead=0.6, dt=0.05, steps=2
         if np.hypot(*(pts[-1] - x[:2])) < goal_tol:
             reached = True
             break
-        # progress: the nearest waypoint at or after the last one
-        d = np.hypot(*(pts[progress:] - x[:2]).T)
-        progress += int(np.argmin(d))
-        target = pts[-1]
-        for p in pts[progress:]:
-            if np.hypot(*(p - x[:2])) >= lookahead:
-                target = p
-                break
-        alpha = math.atan2(target[1] - x[1], target[0] - x[0]) - x[2]
-        alpha = math.atan2(math.sin(alpha), math.cos(alpha))
-        dist = np.hypot(*(target - x[:2]))
-        v = min(speed, dist / max(dt, 1e-9)) if target is pts[-1] else speed
-        w = float(np.clip(2 * v * math.sin(alpha) / max(lookahead, 1e-9), -max_turn, max_turn))
-        if abs(alpha) > math.pi / 2:  # turn on the spot first
-            v = 0.0
-            w = max_turn * math.copysign(1.0, alpha)
+        v, w, progress = pure_pursuit(x, pts, progress, speed, lookahead, dt, max_turn)
         u = np.array([v, w])
         x = robot.step(x, u, dt)
         states.append(x.copy())
@@ -236,6 +221,26 @@ def follow_path(robot, waypoints, x0, speed=0.5, lookahead=0.6, dt=0.05, steps=2
         errors.append(_cross_track(pts, x[:2])[0])
     return dict(states=np.array(states), controls=np.array(controls).reshape(-1, 2),
                 cross_track=np.array(errors), reached=reached)
+
+
+def pure_pursuit(x, pts, progress, speed, lookahead, dt, max_turn=3.0):
+    """One pure-pursuit step: ``(v, ω, progress)`` for pose ``x`` on the polyline ``pts``
+    (``progress``: index of the waypoint reached so far, never decreasing)."""
+    d = np.hypot(*(pts[progress:] - x[:2]).T)
+    progress += int(np.argmin(d))
+    target, last = pts[-1], True
+    for p in pts[progress:]:
+        if np.hypot(*(p - x[:2])) >= lookahead:
+            target, last = p, False
+            break
+    alpha = math.atan2(target[1] - x[1], target[0] - x[0]) - x[2]
+    alpha = math.atan2(math.sin(alpha), math.cos(alpha))
+    dist = float(np.hypot(*(target - x[:2])))
+    v = min(speed, dist / max(dt, 1e-9)) if last else speed
+    w = float(np.clip(2 * v * math.sin(alpha) / max(lookahead, 1e-9), -max_turn, max_turn))
+    if abs(alpha) > math.pi / 2:  # turn on the spot first
+        v, w = 0.0, max_turn * math.copysign(1.0, alpha)
+    return v, w, progress
 
 
 def _cross_track(pts, p):
