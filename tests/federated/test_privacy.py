@@ -81,3 +81,15 @@ def test_bad_input():
     with pytest.raises(ArgumentError, match="dp_sgd_step"):
         fl.privacy.dp_sgd_step(params, x, y, lr=0.1, clip=-1, sigma=1.0,
                                rng=np.random.default_rng())
+
+
+def test_an_empty_poisson_batch_is_noise_only():
+    params, x, y = small()
+    new, info = fl.privacy.dp_sgd_step(params, x[:0], y[:0], lr=1.0, clip=0.5, sigma=2.0,
+                                       rng=np.random.default_rng(3), expected_batch=4.0)
+    noise_rng = np.random.default_rng(3)
+    for k in sorted(params):
+        want = 2.0 * 0.5 * noise_rng.standard_normal(params[k].shape) / 4.0
+        np.testing.assert_allclose(info["grad"][k], want, rtol=1e-14)
+        np.testing.assert_allclose(new[k], params[k] - want, rtol=1e-14)
+    assert info["norms"].shape == (0,)
