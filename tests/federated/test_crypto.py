@@ -41,6 +41,10 @@ def test_random_prime_has_the_size_asked_for_and_is_reproducible_by_seed():
         primes.random_prime(4)
     with pytest.raises(ArgumentError, match="as_rng"):
         primes.as_rng("seed")
+    assert isinstance(primes.as_rng(None), random.SystemRandom)  # secrets' generator by default
+    assert primes.as_rng(5).random() == random.Random(5).random()
+    assert primes.byte_length(256) == 1 and primes.byte_length(257) == 2
+    assert primes.byte_length(2 ** 2048) == 256
 
 
 def _pi(digits):

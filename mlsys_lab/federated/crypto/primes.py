@@ -10,12 +10,7 @@ import secrets
 
 from mlsys_lab.errors import ArgumentError
 
-__all__ = ["RandomSource", "as_rng", "is_probable_prime", "random_prime", "int_to_bytes",
-           "byte_length"]
-
-#: What every ``rng=`` argument of the crypto package accepts: ``None`` (the operating system's
-#: ``secrets`` generator), an ``int`` seed, or a ``random.Random`` (seeded or ``SystemRandom``).
-RandomSource = "random.Random | int | None"
+__all__ = ["as_rng", "byte_length", "int_to_bytes", "is_probable_prime", "random_prime"]
 
 _SMALL_PRIMES = [p for p in range(3, 1000, 2) if all(p % d for d in range(3, int(p ** 0.5) + 1, 2))]
 
@@ -42,11 +37,6 @@ def as_rng(rng=None) -> random.Random:
         return rng
     raise ArgumentError(f"as_rng: rng must be None, an int seed or a random.Random, "
                         f"got {type(rng).__name__}")
-
-
-def random_bytes(rng: random.Random, n: int) -> bytes:
-    """``n`` bytes from ``rng`` (``getrandbits``, so ``SystemRandom`` works as well)."""
-    return rng.getrandbits(8 * n).to_bytes(n, "big") if n else b""
 
 
 def is_probable_prime(n: int, rounds: int = 40) -> bool:
