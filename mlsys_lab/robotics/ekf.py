@@ -105,11 +105,11 @@ class LocalisationRun:
 
 def simulate_run(seed, steps=400, dt=0.1, landmarks=None, max_range=6.0,
                  odom_std=(0.05, 0.05), meas_std=(0.1, 0.05)):
-    """A seeded localisation run: the robot drives a loop; odometry and landmark measurements
+    """A seeded localisation run: the robot drives about one and a half loops; odometry and landmark measurements
     are noisy; the EKF and dead reckoning each estimate the pose."""
     rng = np.random.default_rng(seed)
     if landmarks is None:
-        landmarks = np.array([[5.0, 0.0], [5.0, 6.0], [0.0, 6.0], [-2.0, 3.0], [2.5, 3.0]])
+        landmarks = np.array([[2.5, -1.0], [4.0, 3.0], [0.5, 6.0], [-3.0, 4.0], [-2.0, -0.5]])
     landmarks = np.asarray(landmarks, float)
     robot = DiffDrive()
     x = np.array([0.0, 0.0, 0.0])
@@ -117,7 +117,7 @@ def simulate_run(seed, steps=400, dt=0.1, landmarks=None, max_range=6.0,
     dead = x.copy()
     truth, est, dr, cov, nees, seen = [x.copy()], [x.copy()], [x.copy()], [ekf.p.copy()], [], []
     for k in range(steps):
-        u_true = np.array([0.5, 0.25 * np.sin(2 * np.pi * k / steps) + 0.15])
+        u_true = np.array([0.5, 0.2 + 0.1 * np.sin(2 * np.pi * k / steps)])
         x = robot.step(x, u_true, dt)
         u_odom = u_true + rng.standard_normal(2) * odom_std
         ekf.predict(u_odom, dt)
