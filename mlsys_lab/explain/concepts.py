@@ -22,22 +22,43 @@ from .core import CountedModel
 
 
 def logistic_regression(X, y, l2: float = 1e-2, iterations: int = 50):
-    """(w, b) of an L2-regularised logistic regression by Newton's method (labels 0/1)."""
+    """(w, b) of an L2-regularised logistic regression by Newton's method (labels 0/1).
+
+    Minimises sum_i log(1 + exp(-s_i (x_i . w + b))) + (l2 n / 2) |w|^2 (s_i = +-1; b is not
+    penalised). With more features than rows (a layer's activations) the Newton steps run on
+    w = X^T alpha, an (n + 1)-dimensional problem with the same optimum (the representer
+    theorem), instead of a (d + 1)-dimensional one.
+    """
     X, y = np.asarray(X, np.float64), np.asarray(y, np.float64)
     n, d = X.shape
-    A = np.hstack([X, np.ones((n, 1))])
-    theta = np.zeros(d + 1)
-    reg = np.full(d + 1, l2 * n)
-    reg[-1] = 0.0
+    lam = l2 * n
+    dual = d > n
+    F = X @ X.T if dual else X              # f = F theta[:-1] + b in both forms
+    m = F.shape[1]
+    theta = np.zeros(m + 1)
     for _ in range(iterations):
-        p = 1.0 / (1.0 + np.exp(-np.clip(A @ theta, -500, 500)))
-        g = A.T @ (p - y) + reg * theta
-        H = (A * (p * (1 - p))[:, None]).T @ A + np.diag(reg) + 1e-10 * np.eye(d + 1)
+        f = F @ theta[:-1] + theta[-1]
+        p = 1.0 / (1.0 + np.exp(-np.clip(f, -500, 500)))
+        r, s = p - y, p * (1 - p)
+        H = np.empty((m + 1, m + 1))
+        if dual:
+            # the Newton system K(S K + lam I) da + K S 1 db = K (r + lam a), with K cancelled
+            # (a solution of the reduced system solves the full one, singular K or not)
+            H[:m, :m] = s[:, None] * F + lam * np.eye(m)
+            H[:m, m] = s
+            H[m, :m] = s @ F
+            g = np.r_[r + lam * theta[:-1], r.sum()]
+        else:
+            H[:m, :m] = (F.T * s) @ F + lam * np.eye(m)
+            H[:m, m] = H[m, :m] = F.T @ s
+            g = np.r_[F.T @ r + lam * theta[:-1], r.sum()]
+        H[m, m] = s.sum()
         step = np.linalg.solve(H, g)
         theta -= step
         if np.max(np.abs(step)) < 1e-10:
             break
-    return theta[:-1], float(theta[-1])
+    w = X.T @ theta[:-1] if dual else theta[:-1]
+    return w, float(theta[-1])
 
 
 def activations(model, layer, inputs):

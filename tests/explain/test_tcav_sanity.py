@@ -113,3 +113,21 @@ def test_randomised_leaves_the_original_alone(chapter_models):
     assert not np.allclose(rand[7].weight.data, before[4])
     np.testing.assert_array_equal(rand[0].weight.data, before[0])
     assert sanity.parameterised_layers(chapter_models.digits) == [0, 3, 7]
+
+
+def test_logistic_regression_primal_and_dual_forms_agree():
+    """More features than rows takes the (n + 1)-dimensional route; padding the same data with
+    zero columns, or using the primal on the first columns only, gives the same classifier."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(30, 8))
+    y = (X[:, 0] + 0.5 * rng.normal(size=30) > 0).astype(float)
+    w, b = concepts.logistic_regression(X, y, l2=0.05)               # primal: d < n
+    wide = np.hstack([X, np.zeros((30, 40))])                          # dual: d = 48 > n = 30
+    w2, b2 = concepts.logistic_regression(wide, y, l2=0.05)
+    np.testing.assert_allclose(w2[:8], w, atol=1e-7)
+    np.testing.assert_allclose(w2[8:], 0, atol=1e-12)
+    assert b2 == pytest.approx(b, abs=1e-7)
+    # the optimality condition: the gradient of the penalised loss vanishes
+    p = 1 / (1 + np.exp(-(X @ w + b)))
+    np.testing.assert_allclose(X.T @ (p - y) + 0.05 * 30 * w, 0, atol=1e-8)
+    assert abs((p - y).sum()) < 1e-8
