@@ -3,7 +3,10 @@ Grad-CAM's definition and the errors."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import mlsys_lab as ml
 from mlsys_lab.errors import ArgumentError, ShapeError
 from mlsys_lab.explain import cam, gradients
 from mlsys_lab.explain.core import CountedModel
@@ -139,3 +142,42 @@ def test_errors_name_the_function_and_shapes(chapter_models):
         cam.grad_cam(chapter_models.digits, chapter_models.digits_x[0], 0, 9)
     with pytest.raises(ArgumentError, match="grad_cam: the model must be a Sequential"):
         cam.grad_cam(lambda x: x, chapter_models.digits_x[0], 0, 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), d=st.integers(1, 6),
+       rule=st.sampled_from(["riemann_middle", "riemann_trapezoid", "gausslegendre"]),
+       steps=st.integers(2, 9))
+def test_ig_is_complete_for_any_quadratic_model(seed, d, rule, steps):
+    """For f(x) = x.Ax + b.x the path gradient is linear in alpha, which the midpoint,
+    trapezoid and Gauss-Legendre rules integrate exactly: completeness holds to rounding with
+    any number of steps, and each attribution equals its closed form."""
+    rng = np.random.default_rng(seed)
+    A, b = rng.normal(size=(d, d)), rng.normal(size=d)
+
+    def quadratic(X):
+        X = ml.tensor(X) if not isinstance(X, ml.Tensor) else X
+        return ml.ops.sum((X @ ml.tensor(A)) * X, axis=1) + X @ ml.tensor(b)
+
+    x, base = rng.normal(size=d), rng.normal(size=d)
+    ig = gradients.integrated_gradients(quadratic, x, None, baseline=base, steps=steps, rule=rule)
+    assert ig.info["completeness_error"] <= 1e-10 * max(1.0, abs(ig.info["delta"]))
+    # closed form: (x - x')_i * (grad at the midpoint of the path)_i
+    mid = (x + base) / 2
+    np.testing.assert_allclose(ig.attributions, (x - base) * ((A + A.T) @ mid + b), atol=1e-10)
+
+
+def test_grad_cam_on_a_residual_cnn_from_the_zoo():
+    """Any layer of a Sequential whose output is a feature map: here a residual block (conv-BN-
+    ReLU-conv-BN + shortcut) of ``nn.zoo.resnet_cnn``, in eval mode, against the definition with
+    the block's gradient by central differences."""
+    from mlsys_lab.explain.models import to_dtype
+    from mlsys_lab.nn import zoo
+
+    model = to_dtype(zoo.resnet_cnn(channels=4, blocks=2, image=6, seed=3)).eval()
+    x = np.random.default_rng(1).uniform(0, 1, (1, 6, 6))
+    head, tail = cam.split_at(model, 2)              # conv, ReLU, the first residual block
+    a = head(x[None]).numpy()
+    g = _central_difference(lambda b: tail(b), a[0], 4)
+    want = np.maximum(np.tensordot(g.mean(axis=(1, 2)), a[0], axes=1), 0)
+    np.testing.assert_allclose(cam.grad_cam(model, x, 4, 2).attributions, want, atol=1e-6)
