@@ -11,7 +11,10 @@ Prints:
    exploring policy's episodic return, what CleanRL reports). PPO runs RL Zoo's CartPole
    setting (8 envs x 32 steps, 20 epochs, lr 1e-3 annealed, gamma 0.98, lambda 0.8), DQN RL
    Zoo's (256x256, lr 2.3e-3, 64-batches, 128 gradient steps every 256 env steps, target copy
-   every 10 steps). Budgets: PPO 200k steps, DQN 100k.
+   every 10 steps). Budgets: PPO 200k steps, DQN 100k. "ppo-cleanrl" is this library's PPO
+   with CleanRL ppo.py's default settings (4 envs x 128 steps, lr 2.5e-4 annealed, 4 epochs of
+   4 minibatches, gamma 0.99, lambda 0.95, entropy 0.01; budget 500k), the like-for-like row
+   for part 2.
 2. **CleanRL's ppo.py** — its reported CartPole-v1 result (docs/rl-algorithms/ppo.md:
    490.04 +- 6.12 average episodic return after its default 500k steps; dqn.py 488.69 +-
    16.11) and, with ``--cleanrl PATH``, a run of that file at its defaults (seed 1, 4 envs x
@@ -55,9 +58,19 @@ CLEANRL_REPORTED = ("CleanRL docs/rl-algorithms/ppo.md (github.com/vwxyzjn/clean
                     "its default 500k steps; dqn.py 488.69 +- 16.11 (docs/rl-algorithms/dqn.md)")
 
 
+# CleanRL ppo.py's defaults in this library's PPO (its value-loss clipping, clip_vloss, is
+# the one thing not reproduced: the value loss here is unclipped)
+CLEANRL_SETTINGS = dict(n_envs=4, n_steps=128, lr=2.5e-4, gamma=0.99, lam=0.95, epochs=4,
+                        minibatch_size=128, ent_coef=0.01)
+
+
 def to_target(algo, seed):
-    agent = (PPO if algo == "ppo" else DQN)(4, 2, seed=seed)
-    budget, every = (200_000, 5_120) if algo == "ppo" else (100_000, 2_000)
+    if algo == "ppo-cleanrl":
+        agent = PPO(4, 2, seed=seed, **CLEANRL_SETTINGS)
+        budget, every = 500_000, 10_240
+    else:
+        agent = (PPO if algo == "ppo" else DQN)(4, 2, seed=seed)
+        budget, every = (200_000, 5_120) if algo == "ppo" else (100_000, 2_000)
     t0 = time.perf_counter()
     h = agent.learn(CartPole, budget, eval_every=every, target_return=TARGET, until="training")
     return h, time.perf_counter() - t0
@@ -65,12 +78,12 @@ def to_target(algo, seed):
 
 def part_agents(seeds, skip_dqn):
     print("\n== 1. steps and training time to a 20-episode mean >= 475 (CartPole-v1) ==")
-    print(f"{'algo':5} {'seed':>4} {'greedy: steps':>14} {'training: steps':>16} "
+    print(f"{'algo':11} {'seed':>4} {'greedy: steps':>14} {'training: steps':>16} "
           f"{'train s':>8} {'wall s':>7} {'grad steps':>10}")
-    for algo in ("ppo",) + (() if skip_dqn else ("dqn",)):
+    for algo in ("ppo", "ppo-cleanrl") + (() if skip_dqn else ("dqn",)):
         for seed in seeds:
             h, wall = to_target(algo, seed)
-            print(f"{algo:5} {seed:>4} {str(h['solved_at']):>14} {str(h['train_solved_at']):>16} "
+            print(f"{algo:11} {seed:>4} {str(h['solved_at']):>14} {str(h['train_solved_at']):>16} "
                   f"{h['seconds']:>8.1f} {wall:>7.1f} {h.get('grad_steps', '-'):>10}", flush=True)
 
 
