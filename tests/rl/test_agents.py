@@ -182,3 +182,13 @@ def test_bad_settings_are_named():
         PPO(4, 2, n_envs=3, n_steps=5, minibatch_size=4)
     with pytest.raises(ArgumentError, match="load_pretrained"):
         load_pretrained("a2c")
+
+
+def test_the_train_script_writes_a_policy_that_solves_cartpole(tmp_path, capsys):
+    from mlsys_lab.rl.agents.train import main
+    out = tmp_path / "ppo.npz"
+    assert main(["ppo", "--seed", "0", "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    agent = load_agent(out)
+    assert agent.meta["env"] == "CartPole-v1" and agent.meta["eval_mean_return"] >= 475
+    assert evaluate(agent.act, CartPole, episodes=20, seed=300).mean() >= 475
