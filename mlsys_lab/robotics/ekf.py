@@ -105,8 +105,8 @@ class LocalisationRun:
 
 def simulate_run(seed, steps=400, dt=0.1, landmarks=None, max_range=6.0,
                  odom_std=(0.05, 0.05), meas_std=(0.1, 0.05)):
-    """A seeded localisation run: the robot drives about one and a half loops; odometry and landmark measurements
-    are noisy; the EKF and dead reckoning each estimate the pose."""
+    """A seeded localisation run: the robot drives about one and a half loops; odometry and
+    landmark measurements are noisy; the EKF and dead reckoning each estimate the pose."""
     rng = np.random.default_rng(seed)
     if landmarks is None:
         landmarks = np.array([[2.5, -1.0], [4.0, 3.0], [0.5, 6.0], [-3.0, 4.0], [-2.0, -0.5]])

@@ -351,7 +351,8 @@ class Runtime:
         n = len(self.nodes)
         cluster = Cluster(fully_connected(n + 1, alpha=self.alpha, beta=self.beta),
                           batch_collectives=False)
-        self.engine = engine = Engine(cluster, False, False, None, None, None, None)
+        self.engine = engine = Engine(cluster, trace=False, batching=False, time_limit=None,
+                                      wall_limit=None, failures=None, link_failures=None)
         engine.requests[Idle] = lambda rank, now, req: None  # wait: nothing scheduled
         group = tuple(range(n + 1))
         self._comms = [SimCommunicator(engine, group, r) for r in range(n + 1)]
