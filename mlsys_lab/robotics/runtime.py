@@ -378,7 +378,14 @@ class Runtime:
             self.engine.schedule(len(self.nodes), when)
 
     def _send(self, src, dst, nbytes, on_arrival):
-        latency = 0.0 if src is dst else self.alpha + nbytes * self.beta
+        """Deliver after the route's ``alpha + bytes * beta`` (the topology's link between the
+        two nodes' devices; 0 within a node). Links are not reserved: messages do not queue
+        behind each other on the wire, only in the subscribers' queues."""
+        if src is dst:
+            latency = 0.0
+        else:
+            _, alpha, beta = self.engine.network.route(src.rank, dst.rank)
+            latency = alpha + nbytes * beta
         self._schedule(self.now() + latency, on_arrival)
 
     def _ready(self, node, t, kind, item):
