@@ -92,6 +92,17 @@ def test_ig_through_the_library_is_refused():
 
 
 # ============================================================================= 16.2 KernelSHAP
+def shapley_kernel(M, size, *, numerator="M - 1", ends=float("inf"), weighting="shapley"):
+    if size in (0, M):
+        return ends
+    return {"shapley": {"M - 1": M - 1, "M": M}[numerator] / (comb(M, size) * size * (M - size)),
+            "uniform": 1.0,
+            "binomial only": 1.0 / comb(M, size),
+            "no binomial": 1.0 / (size * (M - size)),
+            "M + 1": (M - 1) / (comb(M + 1, size) * size * (M - size)),
+            "M + 1 factor": (M - 1) / (comb(M, size) * size * (M + 1 - size))}[weighting]
+
+
 def kernel_shap(value, M, *, weighting="shapley", ends="constraints"):
     k = np.arange(1, 2 ** M - 1)
     Z = ((k[:, None] >> np.arange(M)) & 1).astype(float)
@@ -121,7 +132,33 @@ def kernel_shap(value, M, *, weighting="shapley", ends="constraints"):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_kernel_shap_reference_scores_full_marks(seed):
-    full(run_cases("16.2", kernel_shap, seed=seed))
+    full(run_cases("16.2", shapley_kernel, kernel_shap, seed=seed))
+
+
+@pytest.mark.parametrize("how", [{"weighting": "uniform"}, {"weighting": "binomial only"},
+                                 {"weighting": "no binomial"}, {"weighting": "M + 1"},
+                                 {"weighting": "M + 1 factor"}, {"numerator": "M"},
+                                 {"ends": 1e12}, {"ends": 0.0}],
+                         ids=lambda how: str(how))
+def test_wrong_kernels_fail_only_the_kernel_case(how):
+    fails_only(run_cases("16.2", lambda M, s: shapley_kernel(M, s, **how), kernel_shap, seed=5),
+               "the Shapley kernel")
+
+
+def test_shapley_values_without_the_kernel_fail_the_kernel_case():
+    """The Shapley values from their definition (no regression, no kernel) pass the games but
+    not the kernel itself: the exercise asks for the kernel."""
+    from math import factorial
+
+    def direct(value, M):
+        k = np.arange(2 ** M)
+        Z = (k[:, None] >> np.arange(M)) & 1
+        v, sizes = value(Z), Z.sum(axis=1)
+        w = [factorial(s) * factorial(M - s - 1) / factorial(M) for s in range(M)]
+        return np.array([sum(w[sizes[j]] * (v[j | (1 << i)] - v[j])
+                             for j in k if not (j >> i) & 1) for i in range(M)])
+
+    fails_only(run_cases("16.2", lambda M, s: 1.0, direct, seed=5), "the Shapley kernel")
 
 
 @pytest.mark.parametrize("how, failing", [
@@ -134,13 +171,14 @@ def test_kernel_shap_reference_scores_full_marks(seed):
     ({"ends": "big weight"}, ("efficiency", "a game with interactions")),
 ], ids=lambda how: str(how) if isinstance(how, dict) else "")
 def test_kernel_shap_wrong_ideas_fail(how, failing):
-    result = run_cases("16.2", lambda value, M: kernel_shap(value, M, **how), seed=5)
+    result = run_cases("16.2", shapley_kernel, lambda value, M: kernel_shap(value, M, **how),
+                       seed=5)
     fails(result, *failing)
 
 
 def test_uniform_weights_still_get_an_additive_game_right():
-    result = run_cases("16.2", lambda value, M: kernel_shap(value, M, weighting="uniform"),
-                       seed=5)
+    result = run_cases("16.2", shapley_kernel,
+                       lambda value, M: kernel_shap(value, M, weighting="uniform"), seed=5)
     assert next(r for r in result.rows if r.name.startswith("an additive")).passed
 
 
@@ -151,7 +189,11 @@ def test_kernel_shap_through_the_library_is_refused():
         shapley.shapley_kernel(M, 1)
         return kernel_shap(value, M)
 
-    assert refused(run_cases("16.2", through_the_library, seed=0)), "the library ran"
+    def kernel_of_the_library(M, size):
+        return shapley.shapley_kernel(M, size)
+
+    result = run_cases("16.2", kernel_of_the_library, through_the_library, seed=0)
+    assert refused(result), "the library ran"
 
 
 # ============================================================================= 16.3 Grad-CAM
