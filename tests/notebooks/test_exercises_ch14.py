@@ -344,3 +344,16 @@ def blind_psi_one_message_per_id(items, n, e, published, sign_blinded, H, H_prim
 @pytest.mark.parametrize("seed", [2, 9])
 def test_independent_answers_score_full_marks(ex_id, answer, seed):
     full(run_cases(ex_id, answer, seed=seed))
+
+
+def test_blinding_factors_from_secrets_are_accepted():
+    """Real code draws R from the operating system's generator; 14.3 allows ``secrets``."""
+    import secrets
+
+    def with_secrets(items, n, e, published, sign_blinded, H, H_prime, rng):
+        rs = [secrets.randbelow(n - 3) + 2 for _ in items]
+        signed = sign_blinded([H(b) * pow(r, e, n) % n for b, r in zip(items, rs)])
+        return [b for b, s, r in zip(items, signed, rs)
+                if H_prime(s * pow(r, -1, n) % n) in published]
+
+    full(run_cases("14.3", with_secrets, seed=1))

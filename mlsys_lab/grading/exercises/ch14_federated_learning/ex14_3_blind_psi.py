@@ -14,7 +14,8 @@ each R_i = y_i^d · H(b_i)^-d from what A saw and requires fresh, distinct, non-
 factors); one R for all ids (A sees y_i / y_j = H(b_i) / H(b_j)); forgetting to unblind
 (z_i = y_i^d = H(b_i)^d · R_i: nothing matches), unblinding by multiplying with R_i instead of
 its inverse, or by R_i^-e; comparing raw values (H(b_i), or z_i itself, against the published
-H′ digests); losing B's order. ``forbidden`` is the library's ``mlsys_lab.federated.crypto.psi``.
+H′ digests); losing B's order. ``forbidden`` is the library's ``mlsys_lab.federated.crypto.psi``;
+``secrets`` is allowed besides the default modules (drawing R with it is what real code does).
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from __future__ import annotations
 import hashlib
 import random
 
-from mlsys_lab.grading.core.exercise import Case, Exercise, attempt, describe, register
+from mlsys_lab.grading.core.exercise import (
+    DEFAULT_ALLOWED,
+    Case,
+    Exercise,
+    attempt,
+    describe,
+    register,
+)
 
 # ----------------------------------------------------------------------------- inputs (both sides)
 
@@ -168,6 +176,7 @@ register(
         target="blind_psi",
         task="the blind-signature PSI",
         forbidden=("mlsys_lab.federated.crypto.psi",),
+        allowed=DEFAULT_ALLOWED + ("secrets",),  # drawing R with secrets is right, not a cheat
         cases=(
             Case("finds exactly the intersection, in B's order", 2,
                  feedback="unblind with R^-1, then compare H_prime(z) with the published set",
