@@ -38,6 +38,9 @@ def lime_tabular(model, x, data, target=None, samples: int = 5000, kernel_width=
         kernel_width: in standard units; 0.75 sqrt(M) by default (``lime``'s).
         alpha: the ridge penalty (``lime`` uses 1).
         around_instance: centre the samples on x instead of the data's mean.
+        seed: an int (``np.random.default_rng``), or a generator with ``normal`` — a
+            ``np.random.RandomState(k)`` draws exactly the samples of ``lime``'s explainer
+            created with ``random_state=k``.
 
     Returns:
         An :class:`Explanation`: ``attributions`` = the coefficients per standard deviation;
@@ -55,8 +58,9 @@ def lime_tabular(model, x, data, target=None, samples: int = 5000, kernel_width=
     width = 0.75 * np.sqrt(M) if kernel_width is None else float(kernel_width)
     if width <= 0:
         raise ArgumentError(f"lime_tabular: kernel_width must be > 0, got {kernel_width}")
-    rng = np.random.default_rng(seed)
-    rows = rng.normal(size=(samples, M)) * scale + (x if around_instance else mean)
+    rng = seed if hasattr(seed, "normal") else np.random.default_rng(seed)
+    rows = rng.normal(0.0, 1.0, samples * M).reshape(samples, M) * scale \
+        + (x if around_instance else mean)
     rows[0] = x
     scaled = (rows - mean) / scale
     distance = np.linalg.norm(scaled - scaled[0], axis=1)

@@ -12,8 +12,10 @@ method, zero and mean-image baselines), ``LayerGradCam`` (three layers, ``relu_a
 and ``Occlusion`` (two window/stride settings). For the wine MLP it stores SHAP's exact
 Shapley values (``ExactExplainer`` with an ``Independent`` masker over the whole background) and
 ``KernelExplainer``'s values with every coalition (``l1_reg=False``: its default may
-select features first, which zeroes some). Inputs, targets and a digest of the weights
-are stored too, so the tests notice a stale file. Arrays only, no pickle; compressed.
+select features first, which zeroes some), and ``lime``'s ``LimeTabularExplainer`` (regression
+mode, no discretisation, ``random_state=0``, 5000 samples) coefficients, intercept and score.
+Inputs, targets and a digest of the weights are stored too, so the tests notice a stale file.
+Arrays only, no pickle; compressed.
 """
 
 import os
@@ -33,6 +35,7 @@ WINE = [0, 60, 130]
 IG_RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid",
             "gausslegendre")
 CAM_LAYERS = (0, 3, 4)
+LIME_SEED, LIME_SAMPLES = 0, 5000
 OCCLUSION = {"w2s1": ((1, 2, 2), (1, 1, 1)), "w3s2": ((1, 3, 3), (1, 2, 2))}
 
 
@@ -130,6 +133,24 @@ def main():
         kernel.append(ke.shap_values(row[None], nsamples=2 ** 13, l1_reg=False, silent=True)[0])
         out.setdefault("wine_base_value", []).append(float(ke.expected_value))
     out["shap_exact"], out["shap_kernel"] = np.array(exact), np.array(kernel)
+
+    from lime.lime_tabular import LimeTabularExplainer
+    coefs, intercepts, scores = [], [], []
+    for row, c in zip(wx, wt):
+        def g(X, c=c):
+            with torch.no_grad():
+                return wnet(torch.from_numpy(np.asarray(X, np.float64))).numpy()[:, c]
+        explainer = LimeTabularExplainer(M.wine_x, mode="regression", discretize_continuous=False,
+                                         random_state=LIME_SEED)
+        exp = explainer.explain_instance(row, g, num_features=13, num_samples=LIME_SAMPLES)
+        coef = np.zeros(13)
+        for i, v in exp.local_exp[1]:  # regression mode: [1] holds the fit, [0] its negation
+            coef[i] = v
+        coefs.append(coef)
+        intercepts.append(exp.intercept[1])
+        scores.append(exp.score)
+    out["lime_coef"], out["lime_intercept"] = np.array(coefs), np.array(intercepts)
+    out["lime_score"] = np.array(scores)
     out["wine_base_value"] = np.array(out["wine_base_value"])
     np.savez_compressed(OUT, **out)
     print(f"wrote {OUT}: {len(out)} arrays")

@@ -6,8 +6,15 @@ baselines), Grad-CAM on three layers, occlusion and exact Shapley values, to 1e-
 import numpy as np
 import pytest
 
-from mlsys_lab.explain import cam, gradients, perturbation, shapley
-from tests.data.make_captum_reference import CAM_LAYERS, IG_RULES, OCCLUSION, weights_digest
+from mlsys_lab.explain import cam, gradients, lime, perturbation, shapley
+from tests.data.make_captum_reference import (
+    CAM_LAYERS,
+    IG_RULES,
+    LIME_SAMPLES,
+    LIME_SEED,
+    OCCLUSION,
+    weights_digest,
+)
 
 TOL = 1e-6
 
@@ -95,3 +102,14 @@ def test_exact_shapley_and_kernel_shap_match_shap(chapter_models, reference):
         assert exact.forward == 2 ** 13 * len(bg)
         np.testing.assert_allclose(exact.attributions, reference["shap_kernel"][k],
                                    atol=TOL, rtol=0)
+
+
+def test_lime_matches_the_lime_package(chapter_models, reference):
+    """``lime``'s tabular explainer (regression mode, no discretisation) with the same samples:
+    a ``RandomState`` seeded as its ``random_state`` draws them."""
+    for k, (x, t) in enumerate(zip(reference["wine_x"], reference["wine_target"].tolist())):
+        got = lime.lime_tabular(chapter_models.wine, x, chapter_models.wine_x, target=t,
+                                samples=LIME_SAMPLES, seed=np.random.RandomState(LIME_SEED))
+        np.testing.assert_allclose(got.attributions, reference["lime_coef"][k], atol=TOL, rtol=0)
+        assert got.info["intercept"] == pytest.approx(reference["lime_intercept"][k], abs=TOL)
+        assert got.info["score"] == pytest.approx(reference["lime_score"][k], abs=TOL)
