@@ -104,3 +104,19 @@ def test_weighted_ridge_matches_the_normal_equations():
     P = np.diag([0.5] * 4 + [0.0])
     theta = np.linalg.solve(A.T @ (A * w[:, None]) + P, A.T @ (w * y))
     np.testing.assert_allclose(np.r_[coef, icpt], theta, atol=1e-10)
+
+
+def test_bad_inputs_get_errors_that_name_the_function(chapter_models):
+    x = chapter_models.wine_x[0]
+    with pytest.raises(ShapeError, match=r"lime_tabular: data must be \(n, 13\)"):
+        lime.lime_tabular(chapter_models.wine, x, np.zeros((5, 4)))
+    with pytest.raises(ArgumentError, match="lime_tabular: kernel_width must be > 0"):
+        lime.lime_tabular(chapter_models.wine, x, chapter_models.wine_x, kernel_width=-1.0)
+    with pytest.raises(ArgumentError, match="lime_tabular: samples must be an int >= 2"):
+        lime.lime_tabular(chapter_models.wine, x, chapter_models.wine_x, samples=1)
+    with pytest.raises(ShapeError, match=r"rise: x must be one \(C, H, W\) image"):
+        perturbation.rise(chapter_models.wine, x, 0)
+    with pytest.raises(ArgumentError, match=r"rise: p must be in \(0, 1\]"):
+        perturbation.rise(pixel_model(0, 0), np.ones((1, 4, 4)), None, p=0.0)
+    with pytest.raises(ArgumentError, match="weighted_ridge: alpha must be >= 0"):
+        lime.weighted_ridge(np.zeros((3, 2)), np.zeros(3), np.ones(3), alpha=-1)

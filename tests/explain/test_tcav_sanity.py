@@ -131,3 +131,17 @@ def test_logistic_regression_primal_and_dual_forms_agree():
     p = 1 / (1 + np.exp(-(X @ w + b)))
     np.testing.assert_allclose(X.T @ (p - y) + 0.05 * 30 * w, 0, atol=1e-8)
     assert abs((p - y).sum()) < 1e-8
+
+
+def test_tcav_and_spearman_errors():
+    from mlsys_lab.errors import ArgumentError, ShapeError
+
+    model, u, _ = planted_model()
+    with pytest.raises(ArgumentError, match="tcav: needs at least 3 random sets"):
+        concepts.tcav(model, 0, np.zeros((4, 16)), 0, np.zeros((4, 16)), [np.zeros((4, 16))])
+    with pytest.raises(ShapeError, match="concept_activation_vector: activations must be"):
+        concepts.concept_activation_vector(np.zeros((3, 4)), np.zeros((3, 5)))
+    with pytest.raises(ArgumentError, match="t_test: needs two samples of at least 2"):
+        concepts.t_test([1.0], [1.0, 2.0])
+    with pytest.raises(ShapeError, match="spearman: maps of 3 and 4 values"):
+        sanity.spearman([1, 2, 3], [1, 2, 3, 4])
