@@ -7,8 +7,9 @@ Prints:
 
 1. **PPO and DQN to 475** — for each seed, environment steps and training wall time (greedy
    evaluations excluded) until the greedy policy's 20-episode mean return reaches 475
-   ("greedy"), and until the last 20 *training* episodes average 475 ("training": the
-   exploring policy's episodic return, what CleanRL reports). PPO runs RL Zoo's CartPole
+   ("greedy": steps, s), and until the last 20 *training* episodes average 475 ("training":
+   the exploring policy's episodic return, what CleanRL reports; "train s" is the time to
+   there, or the whole budget's when it never gets there, "None"). PPO runs RL Zoo's CartPole
    setting (8 envs x 32 steps, 20 epochs, lr 1e-3 annealed, gamma 0.98, lambda 0.8), DQN RL
    Zoo's (256x256, lr 2.3e-3, 64-batches, 128 gradient steps every 256 env steps, target copy
    every 10 steps). Budgets: PPO 200k steps, DQN 100k. "ppo-cleanrl" is this library's PPO
@@ -78,13 +79,15 @@ def to_target(algo, seed):
 
 def part_agents(seeds, skip_dqn):
     print("\n== 1. steps and training time to a 20-episode mean >= 475 (CartPole-v1) ==")
-    print(f"{'algo':11} {'seed':>4} {'greedy: steps':>14} {'training: steps':>16} "
-          f"{'train s':>8} {'wall s':>7} {'grad steps':>10}")
+    print(f"{'algo':11} {'seed':>4} {'greedy: steps':>14} {'greedy: s':>9} "
+          f"{'training: steps':>16} {'train s':>8} {'wall s':>7} {'grad steps':>10}")
     for algo in ("ppo", "ppo-cleanrl") + (() if skip_dqn else ("dqn",)):
         for seed in seeds:
             h, wall = to_target(algo, seed)
-            print(f"{algo:11} {seed:>4} {str(h['solved_at']):>14} {str(h['train_solved_at']):>16} "
-                  f"{h['seconds']:>8.1f} {wall:>7.1f} {h.get('grad_steps', '-'):>10}", flush=True)
+            greedy_s = "-" if h["solved_seconds"] is None else f"{h['solved_seconds']:.1f}"
+            print(f"{algo:11} {seed:>4} {str(h['solved_at']):>14} {greedy_s:>9} "
+                  f"{str(h['train_solved_at']):>16} {h['seconds']:>8.1f} {wall:>7.1f} "
+                  f"{h['grad_steps']:>10}", flush=True)
 
 
 SHIM = r'''

@@ -133,7 +133,8 @@ class DQN:
         Returns:
             a dict: ``steps``, ``seconds`` (training wall time, evaluations excluded),
             ``evals`` (list of (step, mean return)), ``solved_at`` (the step at which the greedy
-            mean first reached ``target_return``, or None), ``best``, ``episodes`` (step and
+            mean first reached ``target_return``, or None), ``solved_seconds`` (the training
+            time by then), ``best``, ``episodes`` (step and
             return of each finished training episode), ``train_solved_at`` (the step at which
             the last 20 training episodes first averaged ``target_return``, or None).
         """
@@ -152,12 +153,13 @@ class DQN:
         buffer = ReplayBuffer(c.buffer_size, (obs_size,), seed=self.rng)
         obs, _ = env.reset(seed=int(self.seed))
         history = {"steps": 0, "seconds": 0.0, "evals": [], "solved_at": None, "best": -np.inf,
-                   "episodes": [], "train_solved_at": None}
+                   "episodes": [], "train_solved_at": None, "solved_seconds": None}
         best_state, t0, spent_eval, episode_return = None, time.perf_counter(), 0.0, 0.0
         for step in range(1, total_steps + 1):
             action = int(self.act(obs, self.epsilon(step, total_steps))[0])
             next_obs, reward, term, trunc, _ = env.step(action)
             buffer.add(obs, action, reward, next_obs, float(term))
+            history["steps"] = step
             obs = next_obs
             episode_return += reward
             if term or trunc:
@@ -170,10 +172,10 @@ class DQN:
                     self.train_step(buffer.sample(c.batch_size))
             if step % c.target_update == 0:
                 self.sync_target()
-            history["steps"] = step
             if eval_every and step % eval_every == 0 and step > c.learning_starts:
                 e0 = time.perf_counter()
                 mean = float(evaluate(self.act, env_fn, eval_episodes).mean())
+                trained = e0 - t0 - spent_eval  # training time so far, evaluations excluded
                 spent_eval += time.perf_counter() - e0
                 history["evals"].append((step, mean))
                 if log:
@@ -181,7 +183,9 @@ class DQN:
                 if mean >= history["best"]:
                     history["best"], best_state = mean, self.state_dict()
                 if target_return is not None and mean >= target_return:
-                    history["solved_at"] = history["solved_at"] or step
+                    if history["solved_at"] is None:
+                        history["solved_at"] = step
+                        history["solved_seconds"] = trained
                     if until == "greedy":
                         break
             if time_limit and time.perf_counter() - t0 - spent_eval > time_limit:

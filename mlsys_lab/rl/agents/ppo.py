@@ -266,7 +266,7 @@ class PPO:
                             for i, e in enumerate(envs)])
         self._episode_return = np.zeros(c.n_envs)
         history = {"steps": 0, "seconds": 0.0, "evals": [], "solved_at": None, "best": -np.inf,
-                   "episodes": [], "train_solved_at": None}
+                   "episodes": [], "train_solved_at": None, "solved_seconds": None}
         best_state, t0, spent_eval, next_eval = None, time.perf_counter(), 0.0, eval_every
         per_rollout = c.n_envs * c.n_steps
         iterations = max(1, total_steps // per_rollout)
@@ -286,6 +286,7 @@ class PPO:
                 next_eval += eval_every
                 e0 = time.perf_counter()
                 mean = float(evaluate(self.act, env_fn, eval_episodes).mean())
+                trained = e0 - t0 - spent_eval  # training time so far, evaluations excluded
                 spent_eval += time.perf_counter() - e0
                 history["evals"].append((steps, mean))
                 if log:
@@ -293,7 +294,9 @@ class PPO:
                 if mean >= history["best"]:
                     history["best"], best_state = mean, self.state_dict()
                 if target_return is not None and mean >= target_return:
-                    history["solved_at"] = history["solved_at"] or steps
+                    if history["solved_at"] is None:
+                        history["solved_at"] = steps
+                        history["solved_seconds"] = trained
                     if until == "greedy":
                         break
             if time_limit and time.perf_counter() - t0 - spent_eval > time_limit:
