@@ -8,7 +8,14 @@ cost. ``README.md`` maps each method to its module and the book's section.
 from .cam import grad_cam, split_at, upsample
 from .concepts import TCAVResult, concept_activation_vector, t_test, tcav, tcav_score
 from .core import CountedModel, Explanation
-from .gradients import gradient_x_input, integrated_gradients, path_rule, saliency, smoothgrad
+from .gradients import (
+    gradient_x_input,
+    integrated_gradients,
+    integrated_gradients_to_tolerance,
+    path_rule,
+    saliency,
+    smoothgrad,
+)
 from .lime import lime_tabular, weighted_ridge
 from .perturbation import occlusion, rise, rise_masks
 from .sanity import cascading_randomisation, randomised, spearman
@@ -24,7 +31,8 @@ from .shapley import (
 __all__ = [
     "CoalitionGame", "CountedModel", "Explanation", "TCAVResult", "all_coalitions",
     "cascading_randomisation", "concept_activation_vector", "exact_shapley", "grad_cam",
-    "gradient_x_input", "integrated_gradients", "kernel_shap", "kernel_shap_solve",
+    "gradient_x_input", "integrated_gradients", "integrated_gradients_to_tolerance",
+    "kernel_shap", "kernel_shap_solve",
     "lime_tabular", "occlusion", "path_rule", "randomised", "rise", "rise_masks", "saliency",
     "shapley_kernel", "smoothgrad", "spearman", "split_at", "t_test", "tcav", "tcav_score",
     "upsample", "weighted_ridge",

@@ -77,6 +77,23 @@ def test_ig_completeness_on_the_relu_cnn_shrinks_with_steps(chapter_models):
     assert med[512] < 1e-3 and med[512] < med[64] < med[16], med
 
 
+def test_ig_to_tolerance_meets_1e3_on_the_relu_cnn(chapter_models):
+    """Doubling the steps until completeness holds to 1e-3 gets there for every digit tried,
+    and the cost is the sum over the rounds."""
+    for i in (0, 17, 42, 123, 300, 777):
+        x, t = chapter_models.digits_x[i], int(chapter_models.digits_y[i])
+        ig = gradients.integrated_gradients_to_tolerance(chapter_models.digits, x, t,
+                                                         tolerance=1e-3)
+        assert ig.info["converged"] and ig.info["relative_error"] < 1e-3
+        n, rounds = ig.info["steps"], ig.info["rounds"]
+        assert n == 16 * 2 ** (rounds - 1)
+        assert ig.backward == sum(16 * 2 ** k for k in range(rounds))
+        assert ig.forward == ig.backward + 2 * rounds
+    with pytest.raises(ArgumentError, match="tolerance must be > 0"):
+        gradients.integrated_gradients_to_tolerance(chapter_models.wine, np.zeros(13), 0,
+                                                    tolerance=0)
+
+
 def test_ig_of_a_linear_model_is_exact_with_one_step():
     w = np.array([1.5, -2.0, 0.5])
 
