@@ -122,3 +122,30 @@ def test_shapley_errors_name_the_function():
         shapley.kernel_shap(game, np.zeros(3), np.zeros((1, 3)), samples=0)
     with pytest.raises(ArgumentError, match="shapley_kernel: sizes"):
         shapley.shapley_kernel(3, 4)
+
+
+@settings(max_examples=20, deadline=None)
+@given(M=st.integers(3, 7), seed=st.integers(0, 10_000))
+def test_shapley_axioms_on_random_games(M, seed):
+    """Symmetry (two interchangeable features get equal values), the null player (a feature the
+    model ignores gets zero) and linearity (the values of f + g are the sums), for exact and
+    all-coalition KernelSHAP values."""
+    rng = np.random.default_rng(seed)
+    game, other = Game(M, seed), Game(M, seed + 1)
+    x, bg = rng.normal(size=M), rng.normal(size=(2, M))
+    x[1], bg[:, 1] = x[0], bg[:, 0]
+
+    def symmetric(X):  # ignores feature M - 1; features 0 and 1 enter symmetrically
+        X = np.array(X, dtype=float)
+        X[:, M - 1] = 0.0
+        s = X[:, 0] + X[:, 1]
+        X[:, 0] = X[:, 1] = s / 2
+        return game(X)
+
+    for fn in (shapley.exact_shapley, shapley.kernel_shap):
+        phi = fn(symmetric, x, bg).attributions
+        assert phi[0] == pytest.approx(phi[1], abs=1e-9)
+        assert phi[M - 1] == pytest.approx(0.0, abs=1e-9)
+        both = fn(lambda X: game(X) + other(X), x, bg).attributions
+        np.testing.assert_allclose(both, fn(game, x, bg).attributions
+                                   + fn(other, x, bg).attributions, atol=1e-9)
