@@ -10,7 +10,9 @@ Public names (the chapter notebook and the exercises refer to these)::
   estimation (Schulman et al. 2016); returns ``(advantages, returns)``.
 * ``DQN`` — target network, epsilon-greedy, Huber or MSE loss, on ``mlsys_lab.nn`` /
   ``mlsys_lab.optim`` with a compiled loss-and-gradient step.
-* ``PPO`` — clipped objective, value loss, entropy bonus, minibatch epochs over GAE.
+* ``PPO`` — clipped objective, value loss, entropy bonus, minibatch epochs over GAE; collects
+  from ``n_envs`` single environments or from a NEXT_STEP vector env (``learn(...,
+  vector_env=NumbaCartPoleVectorEnv(8))``).
 * ``evaluate(policy, env_fn, episodes)`` — greedy returns; ``load_pretrained("dqn"|"ppo")``
   — the committed CartPole-v1 policies (``weights/*.npz``).
 
