@@ -131,6 +131,7 @@ ALLOWED = {
     "engine/registry.py": "the registry itself",
     "distributed/collectives/common.py": "MPI's reduction operators (sum, prod, max, min), not ops",
     "distributed/mpi.py": "the same reduction operators mapped to MPI.SUM, ...",
+    "rl/agents/networks.py": "an activation's name mapped to its nn layer class (mlp's argument)",
 }
 
 
