@@ -955,6 +955,8 @@ def _cheat_answers(ex_id: str, transform):
                     return list(draft[:i]) + [sample(res(p[i], q[i]))]
             return list(draft) + [sample(p[len(draft)])]
         return (speculative_verify,)
+    if ex_id in LATER_CHAPTERS:
+        return LATER_CHAPTERS[ex_id](transform)
     if ex_id == "8.3":
         from mlsys_lab.kernels import roofline
         return (transform(roofline.tile_intensity),
@@ -969,10 +971,59 @@ def _cheat_answers(ex_id: str, transform):
     return (transform(work),)
 
 
+def _grading_module(ex_id: str):
+    """The exercise module of ``ex_id`` (``"15.2"`` -> ``ch15_.../ex15_2_gae.py``)."""
+    import importlib
+    import pkgutil
+
+    from mlsys_lab.grading import exercises
+    package = importlib.import_module(exercises.package_of(int(ex_id.split(".")[0])))
+    prefix = f"ex{ex_id.replace('.', '_')}_"
+    [name] = [m.name for m in pkgutil.iter_modules(package.__path__) if m.name.startswith(prefix)]
+    return importlib.import_module(f"{package.__name__}.{name}")
+
+
+def _reference_of(ex_id, transform, adapt=None):
+    """The grading module's private ``_reference`` for ``ex_id``, transformed, as the answer
+    (``adapt`` wraps it where the answer's signature differs)."""
+    ref = transform(_grading_module(ex_id)._reference)
+    return (ref if adapt is None else adapt(ref),)
+
+
+def _shapley_answers(transform):
+    from mlsys_lab.explain import shapley
+    kernel = transform(shapley.shapley_kernel)
+    exact = transform(_grading_module("16.2")._shapley)
+    return (kernel, exact)
+
+
+def _grad_cam_answers(transform):
+    from mlsys_lab.explain import cam
+    explain = transform(cam.grad_cam)
+    return (lambda model, x, target, layer: explain(model, x, target, layer).attributions,)
+
+
+#: The exercises of chapters 14-19 whose grading module (or library) holds a function that
+#: solves them: the cheat's answer(s), built with ``transform`` applied to that function.
+LATER_CHAPTERS = {
+    "14.1": lambda t: _reference_of(
+        "14.1", t, lambda ref: lambda current, results, sampled: ref(current, results)),
+    "14.2": lambda t: _reference_of(
+        "14.2", t, lambda ref: lambda u, x, seeds, bits, prg: ref(u, x, seeds, bits, 1)),
+    "15.2": lambda t: (t(_grading_module("15.2")._direct),),
+    "15.3": lambda t: _reference_of("15.3", t),
+    "16.2": _shapley_answers,
+    "16.3": _grad_cam_answers,
+    "17.1": lambda t: _reference_of("17.1", t),
+    "19.2": lambda t: _reference_of("19.2", t),
+    "19.3": lambda t: _reference_of("19.3", t),
+}
+
 #: exercise -> the cases that test the idea (the cheat must score zero on them).
 IDEA_CASES = {
     "2.1": None, "3.3": ("sgd_step is pure and correct",), "4.1": None, "6.3": None,
     "7.3": None, "9.3": None, "10.1": None, "11.2": None, "13.2": None, "13.3": None,
+    **{ex_id: None for ex_id in LATER_CHAPTERS},
 }
 
 
@@ -1018,7 +1069,15 @@ def test_h1_a_library_module_compiled_under_a_stdlib_name_is_refused():
     assert result.score == 0 and "off limits" in _feedback(result), result.report()
 
 
-@pytest.mark.parametrize("ex_id", sorted(IDEA_CASES, key=lambda i: float(i)))
+#: H2 exceptions. 14.1's grading reference is the three-line weighted mean itself, under
+#: ``guard.DISTINCTIVE``: a padded paste of it is, by design, not told apart from a student
+#: writing those lines (the idea). 17.1's reference calls the library's ``dare``, so its paste is
+#: refused as a call of a forbidden function ("off limits") before any copy test.
+H2_SHORT = {"14.1"}
+H2_REASON = {"17.1": "off limits"}
+
+
+@pytest.mark.parametrize("ex_id", sorted(set(IDEA_CASES) - H2_SHORT, key=lambda i: float(i)))
 def test_h2_a_paste_with_an_added_line_is_refused(ex_id, monkeypatch):
     """H2: the reference (or library function) pasted with a no-op line: not one exact hash."""
     _passes_unguarded(ex_id, _cheat_answers(ex_id, _paste_padded), monkeypatch)
@@ -1027,7 +1086,8 @@ def test_h2_a_paste_with_an_added_line_is_refused(ex_id, monkeypatch):
             ex_id, functools.partial(_paste_padded, padding=padding)), seed=3)
         rows = _idea_rows(result, ex_id)
         assert all(row.points == 0 for row in rows), result.report()
-        assert "is a copy of its code" in _feedback(result), result.report()
+        assert H2_REASON.get(ex_id, "is a copy of its code") in _feedback(result), \
+            result.report()
 
 
 def test_similarity_separates_copies_from_independent_answers():
@@ -1178,7 +1238,8 @@ def _stub(*args, **kwargs):
     raise NotImplementedError("stub")
 
 
-H4_EXERCISES = ["2.1", "3.3", "4.1", "6.3", "7.3", "8.3", "9.3", "10.1", "11.2", "13.2", "18.3"]
+H4_EXERCISES = ["2.1", "3.3", "4.1", "6.3", "7.3", "8.3", "9.3", "10.1", "11.2", "13.2", "18.3",
+                *LATER_CHAPTERS]
 
 
 @pytest.mark.parametrize("ex_id", H4_EXERCISES)
