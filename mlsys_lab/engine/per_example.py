@@ -9,13 +9,14 @@ and every element-wise op), and the loss summed over examples is differentiated 
 ``P[i]`` touches only example ``i``'s loss, ``d sum / d P[i]`` is exactly example ``i``'s
 gradient.
 
-Contract for ``f(params, *example)``: it is written for **a batch of one** (every example
-argument keeps a leading axis of size 1, e.g. ``x`` of shape ``(1, 64)``) and returns that
-example's loss (a scalar, or an array of size 1, e.g. a sum over ``axis=-1``). It may use any
-op that broadcasts over leading axes (``matmul``, element-wise ops, activations,
-``log_softmax``/reductions over trailing axes); it must not reduce over *all* axes (``.sum()``
-with no axis, ``.mean()``) or index the leading axis, which would mix examples — that is
-detected where it changes the output's shape and reported as a :class:`ShapeError`.
+Contract for ``f(params, *example)`` (the parameters first by default; ``argnums`` moves them): it
+is written for **a batch of one** (every example argument keeps a leading axis of size 1, e.g.
+``x`` of shape ``(1, 64)``) and returns that example's loss (a scalar, or an array of size 1, e.g.
+a sum over ``axis=-1``). It may use any op that broadcasts over leading axes (``matmul``, element-
+wise ops, activations, ``log_softmax``/reductions over trailing axes); it must not reduce over
+*all* axes (``.sum()`` with no axis, ``.mean()``) or index the leading axis, which would mix
+examples — that is detected where it changes the output's shape and reported as a
+:class:`ShapeError`.
 """
 
 from __future__ import annotations
@@ -41,20 +42,24 @@ def _array(x, what):
     raise DTypeError(f"{_WHERE}: {what} must be an array or Tensor, got {type(x).__name__}")
 
 
-def per_example_grad(f, params, *examples, return_loss=False):
-    """Gradients of ``f`` for every example of a batch, in one backward pass.
+def per_example_grad(f, argnums=0, *, return_loss=False):
+    """Per-example gradients of ``f``, in one backward pass for the whole batch (JAX-style:
+    like :func:`ml.grad`, it returns a function).
 
     Args:
-        f: ``f(params, *example) -> loss`` written for a batch of one (module docstring).
-        params: a pytree (dict, list, tuple) of float arrays or Tensors.
-        *examples: arrays with a common leading batch axis ``B`` (inputs, targets, masks).
-        return_loss: also return the ``(B,)`` per-example losses.
+        f: ``f(*args) -> loss`` written for a batch of one (module docstring); argument
+            ``argnums`` holds the parameters, every other argument is one example's data.
+        argnums: which argument of ``f`` holds the parameters (a pytree: dict, list, tuple of
+            float arrays or Tensors).
+        return_loss: the returned function also returns the ``(B,)`` per-example losses.
 
     Returns:
-        the gradients in the structure of ``params``, each leaf of shape ``(B, *leaf.shape)``
-        (numpy arrays); with ``return_loss``, ``(grads, losses)``.
+        ``g(*args)``: ``f``'s arguments, with every example argument carrying a common leading
+        batch axis ``B``; it returns the gradients in the structure of the parameters, each
+        leaf of shape ``(B, *leaf.shape)`` (numpy arrays); with ``return_loss``,
+        ``(grads, losses)``.
 
-    Raises:
+    Raises (when ``g`` is called):
         ArgumentError: no examples, or examples with different batch sizes.
         DTypeError: a non-float parameter.
         ShapeError: ``f`` does not return one loss per example (it reduced or indexed across
@@ -62,6 +67,25 @@ def per_example_grad(f, params, *examples, return_loss=False):
     """
     if not callable(f):
         raise ArgumentError(f"{_WHERE}: f must be callable, got {type(f).__name__}")
+    if not isinstance(argnums, int) or isinstance(argnums, bool) or argnums < 0:
+        raise ArgumentError(f"{_WHERE}: argnums must be one non-negative int (the parameters' "
+                            f"argument), got {argnums!r}")
+
+    def per_example(*args):
+        if len(args) <= argnums:
+            raise ArgumentError(f"{_WHERE}: f's parameters are argument {argnums}, but only "
+                                f"{len(args)} argument(s) were given")
+        params = args[argnums]
+        examples = args[:argnums] + args[argnums + 1:]
+
+        def batch_of_one(p, *xs):
+            return f(*xs[:argnums], p, *xs[argnums:])
+        return _per_example(batch_of_one, params, examples, return_loss)
+
+    return per_example
+
+
+def _per_example(f, params, examples, return_loss):
     if not examples:
         raise ArgumentError(f"{_WHERE}: give at least one example array (the batch)")
     arrays = [_array(e, f"example {i}") for i, e in enumerate(examples)]

@@ -118,7 +118,7 @@ def dp_sgd_step(params, x, y, *, lr, clip, sigma, rng, expected_batch=None,
     count = len(x)
     divisor = float(count if expected_batch is None else expected_batch)
     if count:
-        grads = per_example_grad(loss_fn, params, np.asarray(x, dtype=dtype), np.asarray(y))
+        grads = per_example_grad(loss_fn)(params, np.asarray(x, dtype=dtype), np.asarray(y))
         flat = np.concatenate([grads[k].reshape(count, -1) for k in keys], axis=1)
         norms = np.sqrt((flat.astype(np.float64) ** 2).sum(axis=1))
         factor = np.minimum(1.0, clip / np.maximum(norms, 1e-300))

@@ -36,7 +36,7 @@ def loop_reference(f, params, *examples):
 def test_matches_loop_of_single_example_grads(seed):
     rng = np.random.default_rng(seed)
     params, x, y = make(rng, batch=1 + seed * 3)
-    got, losses = ml.per_example_grad(mlp_loss, params, x, y, return_loss=True)
+    got, losses = ml.per_example_grad(mlp_loss, return_loss=True)(params, x, y)
     want = loop_reference(mlp_loss, params, x, y)
     for k in params:
         assert got[k].shape == (x.shape[0],) + params[k].shape
@@ -49,7 +49,7 @@ def test_matches_loop_of_single_example_grads(seed):
 def test_sum_of_per_example_grads_is_the_batch_grad():
     rng = np.random.default_rng(7)
     params, x, y = make(rng, batch=9)
-    got = ml.per_example_grad(mlp_loss, params, x, y)
+    got = ml.per_example_grad(mlp_loss)(params, x, y)
     full = ml.grad(lambda p: mlp_loss(p, x, y).sum())(params)
     for k in params:
         np.testing.assert_allclose(got[k].sum(axis=0), np.asarray(full[k].data), rtol=1e-11,
@@ -66,7 +66,7 @@ def test_nn_linear_through_functional_call():
     def f(p, xb, tb):
         return ((nn.functional_call(model, p, xb) - tb) ** 2).sum(axis=-1)
 
-    got = ml.per_example_grad(f, params, x, t)
+    got = ml.per_example_grad(f)(params, x, t)
     want = loop_reference(f, params, x, t)
     for k in params:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-12, atol=1e-13)
@@ -75,7 +75,7 @@ def test_nn_linear_through_functional_call():
 def test_grad_against_central_differences():
     rng = np.random.default_rng(11)
     params, x, y = make(rng, sizes=(3, 4, 3, 2), batch=3)
-    got = ml.per_example_grad(mlp_loss, params, x, y)
+    got = ml.per_example_grad(mlp_loss)(params, x, y)
     eps = 1e-6
     for i in range(3):
         for k in params:
@@ -94,19 +94,32 @@ def test_a_function_that_mixes_examples_is_refused():
     rng = np.random.default_rng(0)
     params, x, y = make(rng, batch=4)
     with pytest.raises(ShapeError, match="per_example_grad.*one loss per example"):
-        ml.per_example_grad(lambda p, a, b: mlp_loss(p, a, b).sum(), params, x, y)
+        ml.per_example_grad(lambda p, a, b: mlp_loss(p, a, b).sum())(params, x, y)
     with pytest.raises(ShapeError, match="per_example_grad"):
-        ml.per_example_grad(lambda p, a, b: mlp_loss(p, a, b).mean(axis=0), params, x, y)
+        ml.per_example_grad(lambda p, a, b: mlp_loss(p, a, b).mean(axis=0))(params, x, y)
 
 
 def test_bad_input():
     rng = np.random.default_rng(0)
     params, x, y = make(rng, batch=4)
     with pytest.raises(ArgumentError, match="per_example_grad.*batch size"):
-        ml.per_example_grad(mlp_loss, params, x, y[:3])
+        ml.per_example_grad(mlp_loss)(params, x, y[:3])
     with pytest.raises(ArgumentError, match="per_example_grad"):
-        ml.per_example_grad(mlp_loss, params)
+        ml.per_example_grad(mlp_loss)(params)
     with pytest.raises(DTypeError, match="per_example_grad.*floating"):
-        ml.per_example_grad(mlp_loss, dict(params, b1=np.arange(4)), x, y)
+        ml.per_example_grad(mlp_loss)(dict(params, b1=np.arange(4)), x, y)
     with pytest.raises(ShapeError, match="per_example_grad.*leading batch axis"):
-        ml.per_example_grad(mlp_loss, params, np.float64(1.0))
+        ml.per_example_grad(mlp_loss)(params, np.float64(1.0))
+
+
+def test_argnums_moves_the_parameters_and_bad_argnums_are_refused():
+    params, x, y = make(np.random.default_rng(4))
+    first = ml.per_example_grad(mlp_loss)(params, x, y)
+    last = ml.per_example_grad(lambda a, b, p: mlp_loss(p, a, b), argnums=2)(x, y, params)
+    for k in first:
+        np.testing.assert_array_equal(first[k], last[k])
+    for bad in (-1, 1.5, True, (0, 1)):
+        with pytest.raises(ArgumentError, match="per_example_grad.*argnums"):
+            ml.per_example_grad(mlp_loss, argnums=bad)
+    with pytest.raises(ArgumentError, match="per_example_grad.*argument 2"):
+        ml.per_example_grad(mlp_loss, argnums=2)(params, x)
