@@ -1,6 +1,5 @@
 """DQN (Mnih et al. 2015): a Q-network, a target network, a replay buffer, epsilon-greedy."""
 
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -8,7 +7,7 @@ import numpy as np
 from ... import ops
 from ...engine.threads import limit_threads
 from ...errors import ArgumentError
-from .evaluation import env_sizes, evaluate, record_episode
+from .evaluation import TrainingRecord, env_sizes
 from .networks import GradStep, call, forward, mlp
 from .replay import ReplayBuffer
 
@@ -152,9 +151,8 @@ class DQN:
         obs_size, _ = env_sizes(env)
         buffer = ReplayBuffer(c.buffer_size, (obs_size,), seed=self.rng)
         obs, _ = env.reset(seed=int(self.seed))
-        history = {"steps": 0, "seconds": 0.0, "evals": [], "solved_at": None, "best": -np.inf,
-                   "episodes": [], "train_solved_at": None, "solved_seconds": None}
-        best_state, t0, spent_eval, episode_return = None, time.perf_counter(), 0.0, 0.0
+        record = TrainingRecord(self, env_fn, eval_episodes, target_return, until, log, "dqn")
+        history, episode_return = record.history, 0.0
         for step in range(1, total_steps + 1):
             action = int(self.act(obs, self.epsilon(step, total_steps))[0])
             next_obs, reward, term, trunc, _ = env.step(action)
@@ -164,7 +162,7 @@ class DQN:
             episode_return += reward
             if term or trunc:
                 obs, _ = env.reset()
-                if record_episode(history, step, episode_return, target_return, until):
+                if record.episode(step, episode_return):
                     break
                 episode_return = 0.0
             if step > c.learning_starts and step % c.train_freq == 0:
@@ -173,28 +171,11 @@ class DQN:
             if step % c.target_update == 0:
                 self.sync_target()
             if eval_every and step % eval_every == 0 and step > c.learning_starts:
-                e0 = time.perf_counter()
-                mean = float(evaluate(self.act, env_fn, eval_episodes).mean())
-                trained = e0 - t0 - spent_eval  # training time so far, evaluations excluded
-                spent_eval += time.perf_counter() - e0
-                history["evals"].append((step, mean))
-                if log:
-                    log(f"dqn step {step}: greedy mean return {mean:.1f}")
-                if mean >= history["best"]:
-                    history["best"], best_state = mean, self.state_dict()
-                if target_return is not None and mean >= target_return:
-                    if history["solved_at"] is None:
-                        history["solved_at"] = step
-                        history["solved_seconds"] = trained
-                    if until == "greedy":
-                        break
-            if time_limit and time.perf_counter() - t0 - spent_eval > time_limit:
+                if record.evaluate(step):
+                    break
+            if time_limit and record.training_seconds() > time_limit:
                 break
-        history["seconds"] = time.perf_counter() - t0 - spent_eval
-        history["grad_steps"] = self._step.steps if self._step is not None else 0
-        if best_state is not None:
-            self.load_state_dict(best_state)
-        return history
+        return record.finish(self._step.steps if self._step is not None else 0)
 
     # -- saving ---------------------------------------------------------------------------
     def state_dict(self):

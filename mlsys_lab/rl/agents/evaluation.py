@@ -1,4 +1,7 @@
-"""Greedy evaluation: the mean return of a policy over whole episodes."""
+"""Greedy evaluation: the mean return of a policy over whole episodes, and the record a training
+run keeps of its evaluations (:class:`TrainingRecord`)."""
+
+import time
 
 import numpy as np
 
@@ -67,3 +70,51 @@ def record_episode(history, step, episode_return, target_return, until, window=2
         history["train_solved_at"] = history["train_solved_at"] or step
         return until == "training"
     return False
+
+
+class TrainingRecord:
+    """What ``DQN.learn`` and ``PPO.learn`` report, kept in one place: the ``history`` dict,
+    the training clock (evaluations excluded), the best evaluated weights and the step at which
+    the greedy mean first reached ``target_return``."""
+
+    def __init__(self, agent, env_fn, eval_episodes, target_return, until, log, name):
+        self.agent, self.env_fn, self.episodes = agent, env_fn, eval_episodes
+        self.target, self.until, self.log, self.name = target_return, until, log, name
+        self.history = {"steps": 0, "seconds": 0.0, "evals": [], "solved_at": None,
+                        "best": -np.inf, "episodes": [], "train_solved_at": None,
+                        "solved_seconds": None}
+        self.best_state, self.t0, self.spent_eval = None, time.perf_counter(), 0.0
+
+    def training_seconds(self):
+        return time.perf_counter() - self.t0 - self.spent_eval
+
+    def episode(self, step, episode_return):
+        """A finished training episode; True when training should stop (``until="training"``)."""
+        return record_episode(self.history, step, episode_return, self.target, self.until)
+
+    def evaluate(self, step):
+        """Evaluate the greedy policy now; True when training should stop (``until="greedy"``
+        and the target reached)."""
+        e0 = time.perf_counter()
+        mean = float(evaluate(self.agent.act, self.env_fn, self.episodes).mean())
+        trained = e0 - self.t0 - self.spent_eval
+        self.spent_eval += time.perf_counter() - e0
+        history = self.history
+        history["evals"].append((step, mean))
+        if self.log:
+            self.log(f"{self.name} step {step}: greedy mean return {mean:.1f}")
+        if mean >= history["best"]:
+            history["best"], self.best_state = mean, self.agent.state_dict()
+        if self.target is not None and mean >= self.target:
+            if history["solved_at"] is None:
+                history["solved_at"], history["solved_seconds"] = step, trained
+            return self.until == "greedy"
+        return False
+
+    def finish(self, grad_steps):
+        """Close the record: training time, gradient steps, and the best weights restored."""
+        self.history["seconds"] = self.training_seconds()
+        self.history["grad_steps"] = grad_steps
+        if self.best_state is not None:
+            self.agent.load_state_dict(self.best_state)
+        return self.history

@@ -1,6 +1,5 @@
 """PPO (Schulman et al. 2017): clipped surrogate objective over GAE, minibatch epochs."""
 
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -10,7 +9,7 @@ from ...engine.threads import limit_threads
 from ...errors import ArgumentError
 from ...nn import Module
 from .advantage import gae
-from .evaluation import env_sizes, evaluate, record_episode
+from .evaluation import TrainingRecord, env_sizes
 from .networks import GradStep, call, forward, mlp
 
 
@@ -265,9 +264,8 @@ class PPO:
             obs = np.stack([np.asarray(e.reset(seed=int(self.seed) * 1000 + i)[0], np.float32)
                             for i, e in enumerate(envs)])
         self._episode_return = np.zeros(c.n_envs)
-        history = {"steps": 0, "seconds": 0.0, "evals": [], "solved_at": None, "best": -np.inf,
-                   "episodes": [], "train_solved_at": None, "solved_seconds": None}
-        best_state, t0, spent_eval, next_eval = None, time.perf_counter(), 0.0, eval_every
+        record = TrainingRecord(self, env_fn, eval_episodes, target_return, until, log, "ppo")
+        history, next_eval = record.history, eval_every
         per_rollout = c.n_envs * c.n_steps
         iterations = max(1, total_steps // per_rollout)
         for it in range(iterations):
@@ -279,33 +277,16 @@ class PPO:
             steps = history["steps"] = (it + 1) * per_rollout
             stop = False
             for ret in rollout["episode_returns"]:
-                stop = record_episode(history, steps, ret, target_return, until) or stop
+                stop = record.episode(steps, ret) or stop
             if stop:
                 break
             if eval_every and steps >= next_eval:
                 next_eval += eval_every
-                e0 = time.perf_counter()
-                mean = float(evaluate(self.act, env_fn, eval_episodes).mean())
-                trained = e0 - t0 - spent_eval  # training time so far, evaluations excluded
-                spent_eval += time.perf_counter() - e0
-                history["evals"].append((steps, mean))
-                if log:
-                    log(f"ppo step {steps}: greedy mean return {mean:.1f}")
-                if mean >= history["best"]:
-                    history["best"], best_state = mean, self.state_dict()
-                if target_return is not None and mean >= target_return:
-                    if history["solved_at"] is None:
-                        history["solved_at"] = steps
-                        history["solved_seconds"] = trained
-                    if until == "greedy":
-                        break
-            if time_limit and time.perf_counter() - t0 - spent_eval > time_limit:
+                if record.evaluate(steps):
+                    break
+            if time_limit and record.training_seconds() > time_limit:
                 break
-        history["seconds"] = time.perf_counter() - t0 - spent_eval
-        history["grad_steps"] = self._step.steps if self._step is not None else 0
-        if best_state is not None:
-            self.load_state_dict(best_state)
-        return history
+        return record.finish(self._step.steps if self._step is not None else 0)
 
     # -- saving ---------------------------------------------------------------------------
     def state_dict(self):
