@@ -1003,6 +1003,18 @@ def _grad_cam_answers(transform):
     return (lambda model, x, target, layer: explain(model, x, target, layer).attributions,)
 
 
+def _psi_answers(transform):
+    from mlsys_lab.federated.crypto import psi, rsa
+    blind, unblind = transform(psi.blind), transform(psi.unblind)
+
+    def blind_psi(items, n, e, published, sign_blinded, H, H_prime, rng):
+        key = rsa.RSAPublicKey(n, e)
+        rs = [rng.randrange(2, n - 1) for _ in items]
+        signed = sign_blinded([blind(H(b), r, key) for b, r in zip(items, rs)])
+        return [b for b, s, r in zip(items, signed, rs) if H_prime(unblind(s, r, key)) in published]
+    return (blind_psi,)
+
+
 #: The exercises of chapters 14-19 whose grading module (or library) holds a function that
 #: solves them: the cheat's answer(s), built with ``transform`` applied to that function.
 LATER_CHAPTERS = {
@@ -1010,6 +1022,7 @@ LATER_CHAPTERS = {
         "14.1", t, lambda ref: lambda current, results, sampled: ref(current, results)),
     "14.2": lambda t: _reference_of(
         "14.2", t, lambda ref: lambda u, x, seeds, bits, prg: ref(u, x, seeds, bits, 1)),
+    "14.3": _psi_answers,
     "15.2": lambda t: (t(_grading_module("15.2")._direct),),
     "15.3": lambda t: _reference_of("15.3", t),
     "16.2": _shapley_answers,
@@ -1069,11 +1082,12 @@ def test_h1_a_library_module_compiled_under_a_stdlib_name_is_refused():
     assert result.score == 0 and "off limits" in _feedback(result), result.report()
 
 
-#: H2 exceptions. 14.1's grading reference is the three-line weighted mean itself, under
-#: ``guard.DISTINCTIVE``: a padded paste of it is, by design, not told apart from a student
+#: H2 exceptions. 14.1's grading reference is the three-line weighted mean itself, and 14.3's
+#: library helpers (``psi.blind``, ``psi.unblind``) are one line each, under
+#: ``guard.DISTINCTIVE``: a padded paste of them is, by design, not told apart from a student
 #: writing those lines (the idea). 17.1's reference calls the library's ``dare``, so its paste is
 #: refused as a call of a forbidden function ("off limits") before any copy test.
-H2_SHORT = {"14.1"}
+H2_SHORT = {"14.1", "14.3"}
 H2_REASON = {"17.1": "off limits"}
 
 
