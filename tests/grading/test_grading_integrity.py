@@ -1015,6 +1015,29 @@ def _psi_answers(transform):
     return (blind_psi,)
 
 
+def _ig_answers(transform):
+    from mlsys_lab.explain import gradients
+    rule = transform(gradients.path_rule)
+
+    def integrated_gradients(grad_f, x, baseline, steps):
+        alphas, weights = rule(steps, "riemann_middle")
+        path = baseline + alphas.reshape((-1,) + (1,) * x.ndim) * (x - baseline)
+        return (x - baseline) * np.tensordot(weights, grad_f(path), axes=1)
+    return (integrated_gradients,)
+
+
+def _astar_answers(transform):
+    from mlsys_lab.robotics import planning
+    plan = transform(planning.astar)
+
+    def astar(grid, start, goal, neighbors):
+        result = plan(grid, start, goal)
+        for cell in result.order:       # the expansions, shown where the probe counts them
+            neighbors(cell)
+        return result.path
+    return (astar,)
+
+
 #: The exercises of chapters 14-19 whose grading module (or library) holds a function that
 #: solves them: the cheat's answer(s), built with ``transform`` applied to that function.
 LATER_CHAPTERS = {
@@ -1025,9 +1048,11 @@ LATER_CHAPTERS = {
     "14.3": _psi_answers,
     "15.2": lambda t: (t(_grading_module("15.2")._direct),),
     "15.3": lambda t: _reference_of("15.3", t),
+    "16.1": _ig_answers,
     "16.2": _shapley_answers,
     "16.3": _grad_cam_answers,
     "17.1": lambda t: _reference_of("17.1", t),
+    "17.2": _astar_answers,
     "19.2": lambda t: _reference_of("19.2", t),
     "19.3": lambda t: _reference_of("19.3", t),
 }

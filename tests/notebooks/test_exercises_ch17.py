@@ -17,7 +17,7 @@ import pytest
 
 from mlsys_lab.grading.core.check import run_cases
 
-from ..exercise_results import fails, fails_only, full, refused
+from ..exercise_results import fails, fails_only, feedback, full, refused
 
 SEEDS = [0, 1, 7, 12345]
 
@@ -120,6 +120,30 @@ def test_astar_reference_scores_full_marks(seed):
 def test_dijkstra_fails_only_the_expansion_count():
     result = run_cases("17.2", lambda *a: astar(*a, h="zero"), seed=3)
     fails_only(result, "open grids: strictly fewer")
+
+
+def test_dijkstra_that_finds_its_own_moves_fails_the_expansion_count():
+    """Without calling neighbors, Dijkstra would show zero expansions and pass as A*."""
+    def own_moves(grid, start, goal, neighbors):
+        calls = []
+
+        def silent(cell):
+            calls.append(cell)
+            rows, cols = grid.shape
+            out = []
+            for dr in (-1, 0, 1):
+                for dc in (-1, 0, 1):
+                    r, c = cell[0] + dr, cell[1] + dc
+                    if (dr or dc) and 0 <= r < rows and 0 <= c < cols and not grid[r, c] and \
+                            not (dr and dc and (grid[cell[0] + dr, cell[1]]
+                                                or grid[cell[0], cell[1] + dc])):
+                        out.append(((r, c), math.sqrt(2) if dr and dc else 1.0))
+            return out
+        return astar(grid, start, goal, silent, h="zero")
+
+    result = run_cases("17.2", own_moves, seed=3)
+    fails_only(result, "open grids: strictly fewer")
+    assert "neighbors(cell) was called 0 times" in feedback(result), result.report()
 
 
 @pytest.mark.parametrize("how", [{"h": "manhattan2"}, {"greedy": True}],

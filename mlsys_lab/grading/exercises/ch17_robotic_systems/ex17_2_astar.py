@@ -17,7 +17,10 @@ that.
 Wrong ideas rejected: Dijkstra (``h = 0``: optimal but it expands every closer cell);
 an inadmissible heuristic (Manhattan × 2 with diagonal moves: fewer expansions, a longer path
 on the cluttered grids); greedy best-first (``f = h``: a longer path on the cluttered grids);
-returning a path through occupied cells or with jumps (the path is checked move by move).
+returning a path through occupied cells or with jumps (the path is checked move by move);
+a search that finds its moves without calling ``neighbors`` (Dijkstra with its own move list
+would then show zero expansions: the "fewer expansions" case asks for at least one call per
+cell the path leaves from).
 """
 
 from __future__ import annotations
@@ -205,6 +208,11 @@ def _judge_grids(make, count, what, fewer):
                     f"{dist[goal]:.4f} (is the heuristic admissible — never more than the true "
                     f"remaining cost — and is the open set ordered by g + h?)")
             closer = int((dist < dist[goal] - 1e-9).sum())
+            if fewer and got["expanded"] < len(path) - 1:
+                raise AssertionError(
+                    f"{what} {k + 1}: neighbors(cell) was called {got['expanded']} times for a "
+                    f"path of {len(path)} cells: every cell the search leaves from must be "
+                    f"expanded through neighbors(cell) (the expansions are counted there)")
             if fewer and got["expanded"] >= closer:
                 raise AssertionError(
                     f"{what} {k + 1}: {got['expanded']} expansions; any Dijkstra expands the "
