@@ -1038,6 +1038,34 @@ def _astar_answers(transform):
     return (astar,)
 
 
+def _transform_class(cls, transform):
+    """A copy of ``cls`` whose every function has gone through ``transform``."""
+    namespace = {k: transform(v) if isinstance(v, types.FunctionType) else v
+                 for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+    return type(cls.__name__, cls.__bases__, namespace)
+
+
+def _replay_answers(transform):
+    from mlsys_lab.rl.agents import replay
+    library = _transform_class(replay.ReplayBuffer, transform)
+
+    class ReplayBuffer:
+        def __init__(self, capacity, obs_dim):
+            self.inner = library(capacity, (obs_dim,), obs_dtype=np.float64)
+
+        def __len__(self):
+            return len(self.inner)
+
+        def add(self, obs, action, reward, next_obs, terminated):
+            self.inner.add(obs, action, reward, next_obs, terminated)
+
+        def sample(self, batch_size, rng):
+            self.inner.rng = rng
+            d = self.inner.sample(batch_size)
+            return d["obs"], d["actions"], d["rewards"], d["next_obs"], d["terminated"]
+    return (ReplayBuffer,)
+
+
 #: The exercises of chapters 14-19 whose grading module (or library) holds a function that
 #: solves them: the cheat's answer(s), built with ``transform`` applied to that function.
 LATER_CHAPTERS = {
@@ -1046,6 +1074,7 @@ LATER_CHAPTERS = {
     "14.2": lambda t: _reference_of(
         "14.2", t, lambda ref: lambda u, x, seeds, bits, prg: ref(u, x, seeds, bits, 1)),
     "14.3": _psi_answers,
+    "15.1": _replay_answers,
     "15.2": lambda t: (t(_grading_module("15.2")._direct),),
     "15.3": lambda t: _reference_of("15.3", t),
     "16.1": _ig_answers,
