@@ -83,6 +83,20 @@ def _send_in_background(comm, array, dst, tag):
     yield comm.send(array, dst, tag=tag)
 
 
+def _worker(comm, state, unrolls, seconds, payload):
+    """An actor (or A3C worker) rank: ``unrolls`` times, compute for ``seconds``, send
+    ``payload`` float32s to rank 0 noting the parameter version it played with, and wait for
+    the parameters rank 0 sends back."""
+    side = comm.dup()
+    version = 0
+    for _ in range(unrolls):
+        yield comm.compute(seconds=seconds)
+        state["queued"][comm.rank].append(version)
+        yield comm.send(SymbolicArray(payload), 0, tag=PAYLOAD)
+        yield side.recv(0, tag=PARAMS)
+        version = int(state["sent_version"][comm.rank])
+
+
 def simulate_actor_learner(n_actors, unrolls_per_actor=4, unroll=32, step_time=1e-3,
                            frame_bytes=16, param_bytes=40_000, batch=1,
                            learner_time_per_frame=2e-5, learner_overhead=1e-3,
@@ -129,18 +143,11 @@ def simulate_actor_learner(n_actors, unrolls_per_actor=4, unroll=32, step_time=1
             yield comm.start(_send_in_background(side, SymbolicArray(param_bytes // 4), src,
                                                  PARAMS))
 
-    def actor(comm):
-        side = comm.dup()
-        version = 0
-        for _ in range(unrolls_per_actor):
-            yield comm.compute(seconds=unroll * step_time)
-            state["queued"][comm.rank].append(version)
-            yield comm.send(SymbolicArray(max(1, unroll * frame_bytes // 4)), 0, tag=PAYLOAD)
-            yield side.recv(0, tag=PARAMS)
-            version = int(state["sent_version"][comm.rank])
-
     def prog(comm):
-        return (yield from (learner(comm) if comm.rank == 0 else actor(comm)))
+        if comm.rank == 0:
+            return (yield from learner(comm))
+        return (yield from _worker(comm, state, unrolls_per_actor, unroll * step_time,
+                                   max(1, unroll * frame_bytes // 4)))
 
     res = sim.run(sim.Cluster(topo), prog, trace=False, wall_limit=600.0)
     inbound = _learner_link_busy(res, topo, switch)
@@ -186,18 +193,11 @@ def simulate_a3c(n_actors, unrolls_per_actor=4, unroll=32, step_time=1e-3,
             yield comm.start(_send_in_background(side, SymbolicArray(param_bytes // 4), src,
                                                  PARAMS))
 
-    def worker(comm):
-        side = comm.dup()
-        version = 0
-        for _ in range(unrolls_per_actor):
-            yield comm.compute(seconds=unroll * (step_time + grad_time_per_frame))
-            state["queued"][comm.rank].append(version)
-            yield comm.send(SymbolicArray(param_bytes // 4), 0, tag=PAYLOAD)
-            yield side.recv(0, tag=PARAMS)
-            version = int(state["sent_version"][comm.rank])
-
     def prog(comm):
-        return (yield from (server(comm) if comm.rank == 0 else worker(comm)))
+        if comm.rank == 0:
+            return (yield from server(comm))
+        return (yield from _worker(comm, state, unrolls_per_actor,
+                                   unroll * (step_time + grad_time_per_frame), param_bytes // 4))
 
     res = sim.run(sim.Cluster(topo), prog, trace=False, wall_limit=600.0)
     inbound = _learner_link_busy(res, topo, switch)
