@@ -897,8 +897,10 @@ def _clone(fn, filename: str = STDLIB_FILE, name: str | None = None):
     code = _recode(fn.__code__, filename)
     if name is not None:
         code = code.replace(co_name=name, co_qualname=name)
-    return types.FunctionType(code, fn.__globals__, name or fn.__name__, fn.__defaults__,
-                              fn.__closure__)
+    clone = types.FunctionType(code, fn.__globals__, name or fn.__name__, fn.__defaults__,
+                               fn.__closure__)
+    clone.__kwdefaults__ = fn.__kwdefaults__  # keyword-only defaults (18.2's attention)
+    return clone
 
 
 def _paste_padded(fn, padding: str = "_unused = None"):
@@ -1066,6 +1068,69 @@ def _replay_answers(transform):
     return (ReplayBuffer,)
 
 
+def _keep_last_answers(transform):
+    """17.3 through the runtime's ``Subscription`` (its ``offer`` is KEEP_LAST's push)."""
+    from mlsys_lab.robotics import runtime
+    library = _transform_class(runtime.Subscription, transform)
+
+    class KeepLast:
+        def __init__(self, depth):
+            self.sub = library(None, "topic", None, depth, 0.0)  # ArgumentError: a ValueError
+            self.seq = 0
+
+        def __len__(self):
+            return len(self.sub.queue)
+
+        def push(self, msg):
+            head, dropped = (self.sub.queue[0] if self.sub.queue else None), self.sub.dropped
+            self.seq += 1
+            self.sub.offer((0.0, self.seq, types.SimpleNamespace(seq=self.seq, data=msg)))
+            return head[2].data if self.sub.dropped > dropped else None
+
+        def pop(self):
+            return self.sub.queue.popleft()[2].data if self.sub.queue else None
+    return (KeepLast,)
+
+
+def _online_softmax_answers(transform):
+    """18.1 through the attention kernel's per-row ``_online_step`` (the jitted kernel itself
+    when ``transform`` is the identity; a clone or paste of its Python function otherwise)."""
+    from mlsys_lab.kernels import attention
+    step = transform(attention._online_step)
+
+    def online_softmax_step(state, scores, values):
+        m, l, acc = (np.array(part, dtype=np.float64, copy=True) for part in state)
+        for i in range(scores.shape[0]):
+            s = np.array(scores[i], dtype=np.float64, copy=True)
+            step(s, s.shape[0], m, l, i, acc[i])  # rescales l[i], acc[i]; s -> exp(s - m)
+            acc[i] += s @ values
+        return m, l, acc
+    return (online_softmax_step,)
+
+
+def _decode_answers(transform):
+    """18.2 through the attention op's numpy reference, over the cache's first pos + 1 slots."""
+    from mlsys_lab.engine import ops_attention
+    attend = transform(ops_attention.attention_reference)
+
+    def decode_step(x, W_q, W_k, W_v, cache_k, cache_v, pos):
+        H, _, d = cache_k.shape
+        q, k, v = ((x @ W).reshape(H, 1, d) for W in (W_q, W_k, W_v))
+        cache_k[:, pos], cache_v[:, pos] = k[:, 0], v[:, 0]
+        return attend(q, cache_k[:, :pos + 1], cache_v[:, :pos + 1]).reshape(-1)
+    return (decode_step,)
+
+
+def _recompute_answers(transform):
+    """19.1 through the grader's own ``_reference_grad``, fed the probe layers' weights: no
+    forward call, one activation alive (the library holds no chain backward to call)."""
+    grad = transform(_grading_module("19.1")._reference_grad)
+
+    def backward_with_recompute(layers, x, grad_out, keep):
+        return grad([layer._W for layer in layers], x.value, grad_out)
+    return (backward_with_recompute,)
+
+
 #: The exercises of chapters 14-19 whose grading module (or library) holds a function that
 #: solves them: the cheat's answer(s), built with ``transform`` applied to that function.
 LATER_CHAPTERS = {
@@ -1082,6 +1147,10 @@ LATER_CHAPTERS = {
     "16.3": _grad_cam_answers,
     "17.1": lambda t: _reference_of("17.1", t),
     "17.2": _astar_answers,
+    "17.3": _keep_last_answers,
+    "18.1": _online_softmax_answers,
+    "18.2": _decode_answers,
+    "19.1": _recompute_answers,
     "19.2": lambda t: _reference_of("19.2", t),
     "19.3": lambda t: _reference_of("19.3", t),
 }
@@ -1156,6 +1225,52 @@ def test_h2_a_paste_with_an_added_line_is_refused(ex_id, monkeypatch):
         assert all(row.points == 0 for row in rows), result.report()
         assert H2_REASON.get(ex_id, "is a copy of its code") in _feedback(result), \
             result.report()
+
+
+def _keep_last_on_offer(offer):
+    """17.3 with the student's own ``__init__`` and only ``Subscription.offer`` (KEEP_LAST's
+    push, the idea itself) taken from the runtime, as ``offer``."""
+    from collections import deque
+
+    class KeepLast:
+        def __init__(self, depth):
+            if depth < 1:
+                raise ValueError("a queue keeps at least one message")
+            self.depth, self.queue, self.seq = depth, deque(), 0
+            self.received = self.dropped = 0
+            self.dropped_seqs = []
+
+        def __len__(self):
+            return len(self.queue)
+
+        def push(self, msg):
+            head, dropped = (self.queue[0] if self.queue else None), self.dropped
+            self.seq += 1
+            offer(self, (0.0, self.seq, types.SimpleNamespace(seq=self.seq, data=msg)))
+            return head[2].data if self.dropped > dropped else None
+
+        def pop(self):
+            return self.queue.popleft()[2].data if self.queue else None
+    return KeepLast
+
+
+@pytest.mark.parametrize("how", ["H1", "H2"])
+def test_a_copy_of_the_runtimes_offer_alone_is_refused(how, monkeypatch):
+    """17.3: the runtime's ``Subscription.offer`` cloned (H1) or pasted with a no-op line (H2)
+    under a hand-written ``__init__``: every case that pushes scores zero; the depth check,
+    which is the answer's own code, keeps its half point."""
+    from mlsys_lab.robotics import runtime
+    transform = _clone if how == "H1" else _paste_padded
+    answer = _keep_last_on_offer(transform(runtime.Subscription.offer))
+    with monkeypatch.context() as m:
+        m.setattr(probe, "Guard", _NoGuard)
+        unguarded = run_cases("17.3", answer, seed=3)
+    assert unguarded.score == unguarded.max, unguarded.report()
+    result = run_cases("17.3", answer, seed=3)
+    pushing = [row for row in result.rows if row.name != "depth < 1 raises ValueError"]
+    assert len(pushing) == 5 and all(row.points == 0 for row in pushing), result.report()
+    assert all("`mlsys_lab.robotics.runtime.Subscription.offer` is off limits" in row.feedback
+               and "is a copy of its code" in row.feedback for row in pushing), result.report()
 
 
 def test_similarity_separates_copies_from_independent_answers():
