@@ -81,6 +81,21 @@ def one_layer_short(layers, x, grad_out, keep):
     return grad
 
 
+def beside_the_layers(layers, x, grad_out, keep):
+    """The chain computed by hand from each layer's weights (dug out of its closure: they are
+    not attributes), calling no forward at all."""
+    weights = [dict(zip(layer.forward.__code__.co_freevars,
+                        (c.cell_contents for c in layer.forward.__closure__)))["W"]
+               for layer in layers]
+    acts = [x.value]
+    for W in weights:
+        acts.append(np.tanh(W @ acts[-1]))
+    grad = grad_out
+    for W, out in zip(reversed(weights), reversed(acts[1:])):
+        grad = W.T @ ((1.0 - out ** 2) * grad)
+    return grad
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_recompute_reference_scores_full_marks(seed):
     full(run_cases("19.1", backward_with_recompute, seed=seed))
@@ -92,6 +107,10 @@ def test_keeping_every_activation_fails_the_memory_case():
 
 def test_recomputing_from_the_start_fails_the_call_count():
     fails_only(run_cases("19.1", recomputing_from_the_start, seed=2), "each layer runs forward")
+
+
+def test_computing_the_chain_beside_the_layers_fails_the_call_count():
+    fails_only(run_cases("19.1", beside_the_layers, seed=2), "each layer runs forward")
 
 
 def test_a_segment_one_layer_short_gets_the_gradient_wrong():

@@ -10,13 +10,16 @@ backpropagate through it. Return the gradient with respect to ``x``.
 
 The probe hands out activations as objects it counts while they are alive, and counts every
 forward call: the judge checks the gradient, that no layer runs forward more than twice in all
-(once in the forward pass, at most once again in backward: at most 2n calls), and the peak
+(once in the forward pass, at most once again in backward: at most 2n calls, and
+at least n - 1: every layer's input but x comes from a forward call), and the peak
 number of live activations against ``len(keep) + the longest segment + 2``.
 
 Wrong ideas rejected: keeping every activation (the peak grows with n: 16 layers here); re-running
 the forward from ``x`` for every layer (forward calls grow as n²); recomputing a segment from
 the wrong kept activation or one layer short (the gradient is wrong); forgetting the last
-segment's own forward (too few calls or a wrong gradient); a segment recomputed more than once.
+segment's own forward (too few calls or a wrong gradient); a segment recomputed more than once;
+computing the chain beside the layers instead of through them (the weights are not attributes of
+a layer, and fewer than n - 1 forward calls fail the calls case).
 """
 
 from __future__ import annotations
@@ -86,23 +89,26 @@ class _Activation:
 
 class _Layer:
     """``tanh(W a)``: forward takes and returns counted activations; backward takes the
-    layer's input activation and the output gradient (a plain array)."""
+    layer's input activation and the output gradient (a plain array). ``W`` lives in the two
+    methods' closure, not in an attribute: the answer computes through the layers, not beside
+    them."""
+
+    __slots__ = ("forward", "backward")
 
     def __init__(self, W, tally):
-        self._W = W
-        self._tally = tally
+        def forward(a):
+            if not isinstance(a, _Activation):
+                raise TypeError("forward takes an activation that a layer (or the input) gave")
+            tally["forward"] += 1
+            return _Activation(np.tanh(W @ a.value), tally)
 
-    def forward(self, a):
-        if not isinstance(a, _Activation):
-            raise TypeError("forward takes an activation that a layer (or the input) gave")
-        self._tally["forward"] += 1
-        return _Activation(np.tanh(self._W @ a.value), self._tally)
+        def backward(a, grad):
+            if not isinstance(a, _Activation):
+                raise TypeError("backward takes the layer's input activation")
+            out = np.tanh(W @ a.value)
+            return W.T @ ((1.0 - out ** 2) * np.asarray(grad, dtype=np.float64))
 
-    def backward(self, a, grad):
-        if not isinstance(a, _Activation):
-            raise TypeError("backward takes the layer's input activation")
-        out = np.tanh(self._W @ a.value)
-        return self._W.T @ ((1.0 - out ** 2) * np.asarray(grad, dtype=np.float64))
+        self.forward, self.backward = forward, backward
 
 
 def _probe(n: int, kind: str):
@@ -136,6 +142,10 @@ def _judge(n: int, kind: str, check_calls: bool, check_peak: bool):
         if got.shape != want.shape or not np.allclose(got, want, rtol=1e-10, atol=1e-12):
             raise AssertionError(f"{n} layers, kept {keep}: the gradient is {describe(got)}, "
                                  f"backpropagation gives {describe(want)}")
+        if check_calls and raw["forward"] < n - 1:
+            raise AssertionError(
+                f"{n} layers, kept {keep}: {raw['forward']} forward calls; every layer's input "
+                f"but x comes from the layer before it running forward: at least {n - 1}")
         if check_calls and raw["forward"] > 2 * n:
             raise AssertionError(
                 f"{n} layers, kept {keep}: {raw['forward']} forward calls; the forward pass "
