@@ -101,7 +101,7 @@ alignments = st.sampled_from([1, 8, 64])
 
 
 @pytest.mark.parametrize("strategy", ALL)
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(lts=lifetime_sets, alignment=alignments)
 def test_every_strategy_makes_a_valid_plan(strategy, lts, alignment):
     p = plan(lts, strategy, alignment)
@@ -112,7 +112,7 @@ def test_every_strategy_makes_a_valid_plan(strategy, lts, alignment):
     assert all(p.offsets[r.id] == 0 for r in lts if r.size == 0)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(lts=lifetime_sets, alignment=alignments)
 def test_best_beats_all_and_naive_is_the_sum(lts, alignment):
     sizes = {name: plan(lts, name, alignment).arena_size for name in STRATEGIES}
@@ -184,7 +184,7 @@ def brute_force_clash(offsets, lts):
     ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(lts=lifetime_sets, data=st.data())
 def test_verify_agrees_with_brute_force(lts, data):
     offsets = {r.id: data.draw(st.integers(0, 6)) * 1000 for r in lts}
