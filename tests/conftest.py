@@ -63,6 +63,15 @@ def _makes_a_round_trip(code, module_globals, seen=()):
 
 
 def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `-n auto` already runs one worker per core: numpy's BLAS threads on top of that
+        # oversubscribe the cores, and OpenBLAS's spinning workers then make a BLAS-heavy test
+        # ten times slower (tests/llm/test_pretrained.py: 13 s instead of 1.6 s with two busy
+        # cores). One BLAS thread per worker; subprocesses and tests that set a count themselves
+        # (tests/engine/test_threads.py) are unaffected.
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1, user_api="blas")
     config.addinivalue_line("markers", "service: starts a server, a browser or mpiexec (such "
                             "tests share one xdist group)")
     config.addinivalue_line("markers", "slow: starts a kernel, a browser, mpiexec or runs a "
