@@ -1636,6 +1636,33 @@ def test_a_forged_json_dumps_scores_zero_under_the_grader(tmp_path):
     assert all("changed `json.dumps`" in row.feedback for row in report.rows), report.to_table()
 
 
+# The hidden cell reads its bundle and guard plan with ``builtins.eval`` from one string
+# literal: an eval that empties the plan (no forbidden code) before the probes see it, with the
+# shortcuts of ``test_shortcuts_score_zero_under_the_grader`` as the answers.
+PLAN_EMPTIER = """
+import builtins
+_real_eval = builtins.eval
+def _eval(source, *args, **kwargs):
+    out = _real_eval(source, *args, **kwargs)
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) and "code" in out[1]:
+        out[1]["code"], out[1]["builtins"], out[1]["allowed"] = [], [], None
+    return out
+builtins.eval = _eval
+"""
+
+
+def test_an_eval_that_empties_the_guard_plan_scores_zero_under_the_grader(tmp_path):
+    answers = {
+        "0.2": "from mlsys_lab.grading.exercises.ch00_demo.ex0_2_fib import _fib as fib\n",
+        "0.3": "import statistics\n\ndef mean(xs):\n    return statistics.mean(xs)\n",
+    }
+    report = grade(_notebook(answers, tmp_path / "ch00_eval.ipynb", extra=PLAN_EMPTIER),
+                   cell_timeout=30, timeout=120)
+    assert _points(report) == {"0.1": 0, "0.2": 0, "0.3": 0}, report.to_table()
+    assert all("changed `builtins.eval`" in row.feedback for row in report.rows[1:]), \
+        report.to_table()
+
+
 class _Publisher:
     def publish(self, data):
         return data
