@@ -42,6 +42,17 @@ def test_a_ring_allreduce_trace_is_spans_that_add_up_to_the_run(batched):
     assert max(e.end for e in trace) == res.time
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_seconds_sums_the_trace_without_making_spans(batched):
+    res = _ring_run(4, batched)
+    for kind in ("compute", "send", "recv"):
+        for rank in (None, 0, 3):
+            want = sum(e.end - e.start for e in res.trace
+                       if e.kind == kind and (rank is None or e.rank == rank))
+            assert res.seconds(kind, rank) == want > 0   # the same sum, in the same order
+    assert res.seconds("compute", rank=9) == 0
+
+
 def test_the_event_loop_and_the_batched_ring_emit_the_same_spans():
     event, batched = _ring_run(4, False), _ring_run(4, True)
     assert sorted(event.trace) == sorted(batched.trace)

@@ -207,7 +207,7 @@ def data_parallel_train(model, make_optimizer, loss_fn, batches, cluster, *,
     n_per_batch = [len(x) for x, _ in batches]
     losses = [sum(o["loss_sums"][t] for o in outs) / n for t, n in enumerate(n_per_batch)]
     buckets = len(make_buckets(model.parameters(), bucket_bytes))
-    compute = sum(e.end - e.start for e in res.trace if e.kind == "compute" and e.rank == 0)
+    compute = res.seconds("compute", rank=0)
     return DPResult(ref, losses, res.time, outs[0]["collectives"], buckets, diff, res,
                     compute, res.time - compute)
 
