@@ -5,7 +5,6 @@ are tested on machines without a GPU.
 """
 
 import os
-import types
 
 import pytest
 
@@ -37,30 +36,10 @@ SLOW_MODULES = SERVICE_MODULES | {
     "test_grading.py", "test_grading_class.py", "test_grading_integrity.py",
     "test_exercises_ch02_ch03.py", "test_exercises_ch04_ch06.py", "test_exercises_ch07_ch08.py",
     "test_exercises_ch09.py", "test_exercises_ch10.py", "test_exercises_ch11.py",
-    "test_exercises_ch13.py", "test_onnx_conformance.py",
+    "test_exercises_ch13.py", "test_exercises_ch14.py", "test_exercises_ch15.py",
+    "test_exercises_ch16.py", "test_exercises_ch17.py", "test_exercises_ch18.py",
+    "test_exercises_ch19.py", "test_onnx_conformance.py",
 }
-
-# In these exercise modules only the tests that make the grader's round trip (they call
-# `run_cases` or `grade`, directly, in a nested function or through a helper of the module) are
-# `slow`; their plain checks of a reference or a judge stay in the quick tier.
-ROUND_TRIP_MODULES = {
-    "test_exercises_ch14.py", "test_exercises_ch15.py", "test_exercises_ch16.py",
-    "test_exercises_ch17.py", "test_exercises_ch18.py", "test_exercises_ch19.py",
-}
-GRADER_CALLS = {"run_cases", "grade"}
-
-
-def _makes_a_round_trip(code, module_globals, seen=()):
-    """Whether ``code`` (or a function it defines, or a function of its module it names) calls
-    one of ``GRADER_CALLS``."""
-    if GRADER_CALLS & set(code.co_names):
-        return True
-    inner = [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    helpers = [f.__code__ for name in code.co_names
-               if isinstance(f := module_globals.get(name), types.FunctionType)
-               and f.__globals__ is module_globals and f.__code__ not in seen]
-    return any(_makes_a_round_trip(c, module_globals, (*seen, code)) for c in inner + helpers)
-
 
 def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -83,9 +62,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         path = item.path
         if path.suffix == ".ipynb" or path.name in SLOW_MODULES:
-            item.add_marker(pytest.mark.slow)
-        elif path.name in ROUND_TRIP_MODULES and _makes_a_round_trip(
-                item.function.__code__, item.function.__globals__):
             item.add_marker(pytest.mark.slow)
         if path.suffix == ".ipynb":
             group = f"notebook:{path.parent.name}/{path.name}"
