@@ -1069,26 +1069,15 @@ def _replay_answers(transform):
 
 
 def _keep_last_answers(transform):
-    """17.3 through the runtime's ``Subscription`` (its ``offer`` is KEEP_LAST's push)."""
+    """17.3 through the runtime's ``Subscription``: its ``__init__`` (the depth check) and its
+    ``offer`` (KEEP_LAST's push)."""
     from mlsys_lab.robotics import runtime
     library = _transform_class(runtime.Subscription, transform)
 
-    class KeepLast:
+    class KeepLast(_keep_last_on_offer(library.offer)):
         def __init__(self, depth):
-            self.sub = library(None, "topic", None, depth, 0.0)  # ArgumentError: a ValueError
+            library.__init__(self, None, "topic", None, depth, 0.0)  # ArgumentError: a ValueError
             self.seq = 0
-
-        def __len__(self):
-            return len(self.sub.queue)
-
-        def push(self, msg):
-            head, dropped = (self.sub.queue[0] if self.sub.queue else None), self.sub.dropped
-            self.seq += 1
-            self.sub.offer((0.0, self.seq, types.SimpleNamespace(seq=self.seq, data=msg)))
-            return head[2].data if self.sub.dropped > dropped else None
-
-        def pop(self):
-            return self.sub.queue.popleft()[2].data if self.sub.queue else None
     return (KeepLast,)
 
 

@@ -10,9 +10,9 @@ backpropagate through it. Return the gradient with respect to ``x``.
 
 The probe hands out activations as objects it counts while they are alive, and counts every
 forward call: the judge checks the gradient, that no layer runs forward more than twice in all
-(once in the forward pass, at most once again in backward: at most 2n calls, and
-at least n - 1: every layer's input but x comes from a forward call), and the peak
-number of live activations against ``len(keep) + the longest segment + 2``.
+(once in the forward pass, at most once again in backward: at most 2n calls) and that every
+layer's input but x came from a forward call (at least n - 1), and the peak number of live
+activations against ``len(keep) + the longest segment + 2``.
 
 Wrong ideas rejected: keeping every activation (the peak grows with n: 16 layers here); re-running
 the forward from ``x`` for every layer (forward calls grow as n²); recomputing a segment from
