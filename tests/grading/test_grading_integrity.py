@@ -644,6 +644,33 @@ def test_numba_swapped_py_func_does_not_hide_the_kernel(numba_answers, monkeypat
     assert result.score == 0 and "off limits" in _feedback(result)
 
 
+def test_numba_overload_compiled_between_two_probes_is_switched_off():
+    """A guard works out once which dispatchers to switch off (again only when one compiles a
+    new overload); the entry points it refuses are read at every probe's start: an overload
+    of a forbidden kernel compiled between two probes (a new argument type) is refused in the
+    next when its entry point is called directly (caching the entry points would miss it)."""
+    from mlsys_lab.kernels import cpu
+
+    kernel = cpu._naive_kernel
+    g = guard.Guard(guard.plan_for(registry.get_exercise("97.3")))
+    with g.watching():  # the first probe: what to switch off is worked out
+        pass
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(-9, 9, (5, 4), np.int16), rng.integers(-9, 9, (4, 3), np.int16)
+    c = np.zeros((5, 3), np.int16)
+    before = len(kernel.overloads)
+    kernel(a, b, c)  # compiles a new overload, between two probes
+    assert len(kernel.overloads) == before + 1
+    entry = kernel.overloads[next(s for s in kernel.overloads if "int16" in str(s))].entry_point
+    with g.watching():
+        with pytest.raises(guard.OffLimitsError):
+            entry(a, b, c)
+    assert g.violations and "_naive_kernel" in g.violations[0]
+    out = np.zeros_like(c)
+    kernel(a, b, out)  # switched back on afterwards
+    np.testing.assert_array_equal(out, a @ b)
+
+
 # ----------------------------------------------------------------------------- judges and the wire
 
 
@@ -1517,8 +1544,9 @@ def test_h5_swapping_a_functions_code_is_seen(sealed, capsys, monkeypatch):
 
 
 def test_tampered_sees_every_kind_of_change_the_fast_comparison_must_not_miss(monkeypatch):
-    """``tampered`` first compares each sealed namespace in C (``_Frozen.same``) and walks it
-    name by name only when that differs: each change below must still be reported."""
+    """``tampered`` first compares every sealed namespace in one pass in C (``_Frozen.same``)
+    and walks them name by name only when that differs: each change below must still be
+    reported."""
     from mlsys_lab.distributed import sim
     from mlsys_lab.distributed.sim import engine
 
@@ -1530,6 +1558,12 @@ def test_tampered_sees_every_kind_of_change_the_fast_comparison_must_not_miss(mo
     with monkeypatch.context() as m:  # a name deleted
         m.delattr(sim, "run")
         assert "`mlsys_lab.distributed.sim.run`" in guard.tampered(state)
+    with monkeypatch.context() as m:  # the code swapped, the function object kept
+        m.setattr(sim.run, "__code__", (lambda *a, **k: None).__code__)
+        assert "`mlsys_lab.distributed.sim.run`" in guard.tampered(state)
+    with monkeypatch.context() as m:  # a module replaced in sys.modules
+        m.setitem(sys.modules, "mlsys_lab.distributed.sim", types.ModuleType("forged"))
+        assert "`sys.modules['mlsys_lab.distributed.sim']`" in guard.tampered(state)
     with monkeypatch.context() as m:  # a method added that shadows a base class's
         m.setattr(engine.Engine, "__repr__", lambda self: "forged", raising=False)
         assert "`mlsys_lab.distributed.sim.engine.Engine.__repr__`" in guard.tampered(state)

@@ -869,12 +869,10 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
             continue
         members = _snapshot_members(module)
         for value, *_ in members.values():
-            if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                own = _snapshot_members(value)
-                classes[f"{name}.{value.__qualname__}"] = (value, own,
-                                                           _Frozen(vars(value), own, True))
-        members = _module_members(name, members)
-        modules[name] = (module, members, _Frozen(vars(module), members, False))
+            if (isinstance(value, type) and getattr(value, "__module__", None) == name
+                    and not _immutable(value)):
+                classes[f"{name}.{value.__qualname__}"] = (value, _snapshot_members(value))
+        modules[name] = (module, _module_members(name, members))
     channel = [(label, obj, type(obj), _snapshot_members(obj)) for label, obj in
                _channel_objects()]
     start = getattr(threading.Thread.start, "__code__", None)
@@ -888,6 +886,7 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         "threads": set(sys._current_frames()),
         "modules": modules,
         "classes": classes,
+        "frozen": _Frozen(modules, classes),
         "channel": channel,
         "encoder": json.encoder.JSONEncoder,
         "publish": publish_display_data,
@@ -922,6 +921,16 @@ def _local_seal() -> dict:
     return _LOCAL_SEAL
 
 
+def _immutable(cls: type) -> bool:
+    """Whether ``cls``'s namespace cannot be changed (``setattr`` raises TypeError): a static
+    (builtin) type or one flagged immutable, as most C extensions' types (``numpy.ndarray``)."""
+    flags = cls.__flags__
+    return not flags & _HEAPTYPE or bool(flags & _IMMUTABLETYPE)
+
+
+_HEAPTYPE, _IMMUTABLETYPE = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
+
+
 def _changed(old: tuple, new: Any) -> bool:
     value, code, defaults, kwdefaults = old
     if new is not value:
@@ -937,33 +946,54 @@ _CODE = operator.attrgetter("__code__", "__defaults__", "__kwdefaults__")
 
 
 class _Frozen:
-    """A namespace's members as the seal saw them, compared in C (``itemgetter``, ``map`` of
-    ``operator.is_``): ``same(namespace)`` is True when every name still holds the same object,
-    every function the same code and defaults, and (``closed``) no name was added. Only when it
-    is False does ``tampered`` walk the members one by one to name what changed."""
+    """Every sealed namespace's members as the seal saw them, compared in C in one pass
+    (``map`` of ``operator.getitem`` and ``operator.is_`` over flat tuples): ``same()`` is True
+    when every sealed module is still the one in ``sys.modules``, every name still holds the
+    same object, every function the same code and defaults, and no class gained or lost a name.
+    Only when it is False does ``tampered`` walk the namespaces one by one to name what
+    changed."""
 
-    __slots__ = ("get", "values", "functions", "code", "size")
+    __slots__ = ("names", "modules", "spaces", "keys", "values", "functions", "code", "classes",
+                 "sizes")
 
-    def __init__(self, namespace: Any, members: dict[str, tuple], closed: bool):
-        names = tuple(members)
-        self.get = operator.itemgetter(*names) if len(names) > 1 else (
-            lambda d, names=names: tuple(d[n] for n in names))
-        self.values = tuple(old[0] for old in members.values())
-        held = [old for old in members.values() if old[1] is not None]
-        self.functions = tuple(v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
-                               for v, *_ in held)
-        self.code = tuple(part for old in held for part in old[1:])  # code, defaults, kwdefaults
-        self.size = len(namespace) if closed else None
+    def __init__(self, modules: dict[str, tuple], classes: dict[str, tuple]):
+        self.names = tuple(modules)
+        self.modules = tuple(module for module, _ in modules.values())
+        spaces, keys, values, functions, code = [], [], [], [], []
+        namespaces = [(module, members) for module, members in modules.values()]
+        namespaces += [(cls, members) for cls, members in classes.values()]
+        for owner, members in namespaces:
+            try:
+                space = vars(owner)  # a module's dict; a class's (live) mapping proxy
+            except TypeError:
+                continue
+            for name, old in members.items():
+                spaces.append(space)
+                keys.append(name)
+                values.append(old[0])
+                if old[1] is not None:
+                    value = old[0]
+                    functions.append(value.__func__ if isinstance(value, (staticmethod,
+                                                                          classmethod))
+                                     else value)
+                    code.extend(old[1:])  # code, defaults, kwdefaults
+        self.spaces, self.keys, self.values = tuple(spaces), tuple(keys), tuple(values)
+        self.functions, self.code = tuple(functions), tuple(code)
+        self.classes = tuple(vars(cls) for cls, _ in classes.values())
+        self.sizes = tuple(map(len, self.classes))
 
-    def same(self, namespace: Any) -> bool:
-        if self.size is not None and len(namespace) != self.size:
+    def same(self) -> bool:
+        is_ = operator.is_
+        if not all(map(is_, map(sys.modules.get, self.names, self.modules), self.modules)):
             return False
         try:
-            now = self.get(namespace) if self.values else ()
+            now = tuple(map(operator.getitem, self.spaces, self.keys))
         except KeyError:  # a name was deleted
             return False
+        if not all(map(is_, now, self.values)) or tuple(map(len, self.classes)) != self.sizes:
+            return False
         code = itertools.chain.from_iterable(map(_CODE, self.functions))
-        return all(map(operator.is_, now, self.values)) and all(map(operator.is_, code, self.code))
+        return all(map(is_, code, self.code))
 
 
 def _module_members(name: str, members: dict[str, tuple]) -> dict[str, tuple]:
@@ -979,7 +1009,8 @@ def tampered(state: dict) -> list[str]:
     An empty list when nothing changed."""
     found = []
     missing = object()
-    for name, (module, members, frozen) in state["modules"].items():
+    sealed = state["frozen"].same()
+    for name, (module, members) in () if sealed else state["modules"].items():
         if sys.modules.get(name, module) is not module:
             found.append(f"`sys.modules[{name!r}]`")
             continue
@@ -987,15 +1018,11 @@ def tampered(state: dict) -> list[str]:
             now = vars(module)
         except TypeError:
             continue
-        if frozen.same(now):
-            continue
         for attr, old in members.items():
             if _changed(old, now.get(attr, missing)):
                 found.append(f"`{name}.{attr}`")
-    for name, (cls, members, frozen) in state["classes"].items():
+    for name, (cls, members) in () if sealed else state["classes"].items():
         now = vars(cls)
-        if frozen.same(now):
-            continue
         for attr, old in members.items():
             if _changed(old, now.get(attr, missing)):
                 found.append(f"`{name}.{attr}`")
@@ -1257,21 +1284,22 @@ class Guard:
         self._by_where: dict[tuple, str] = {}
         self._by_synthetic: dict[tuple, dict[str, str]] = {}  # where -> {fingerprint: label}
         self._by_fp: dict[str, str] = {}
-        for e in plan["code"]:
-            where = (e["file"], e["line"], e["qualname"])
-            if _synthetic(e["file"]):  # every dataclass's __init__ comes from ("<string>", 2, ...)
-                self._by_synthetic.setdefault(where, {})[e["fp"]] = e["label"]
-            else:
-                self._by_where[where] = e["label"]
-            if e["distinctive"]:
-                self._by_fp.setdefault(e["fp"], e["label"])
-            if e["size"] >= CLONE:
-                self._by_clone.setdefault(e["fp"], []).append(e)
         # Each big forbidden function's n-gram count; its n-grams are computed when a copy of
         # about its size shows up (``_similar``), once per kernel.
-        self._gram_counts = {e["fp"]: e.get("grams") for e in plan["code"] if e["distinctive"]}
-        self._where_of_fp = {e["fp"]: (e["file"], e["line"], e["qualname"])
-                             for e in plan["code"]}
+        self._gram_counts: dict[str, int | None] = {}
+        self._where_of_fp: dict[str, tuple] = {}
+        for e in plan["code"]:
+            fp, label = e["fp"], e["label"]
+            where = self._where_of_fp[fp] = (e["file"], e["line"], e["qualname"])
+            if _synthetic(e["file"]):  # every dataclass's __init__ comes from ("<string>", 2, ...)
+                self._by_synthetic.setdefault(where, {})[fp] = label
+            else:
+                self._by_where[where] = label
+            if e["distinctive"]:
+                self._by_fp.setdefault(fp, label)
+                self._gram_counts[fp] = e.get("grams")
+            if e["size"] >= CLONE:
+                self._by_clone.setdefault(fp, []).append(e)
         allowed = plan.get("allowed")
         self._allowed = _allowlist(allowed) if allowed is not None else None
         self._permitted: dict[str, bool] = {}
@@ -1289,6 +1317,7 @@ class Guard:
         self._entry_points: dict[int, tuple[Any, tuple[str, str]]] = {}
         self._dispatch_codes: dict[int, types.CodeType] = {}
         self._found: list | None = None
+        self._off: tuple[tuple, dict] | None = None  # (overload counts, what to switch off)
         self._clean: dict[int, tuple[Any, int]] = {}  # dispatchers that run no forbidden code
         self._students: dict[int, types.CodeType] = {}  # the student's code seen, by id
         # C functions looked up by identity: id -> (function, kind, label)
@@ -1607,14 +1636,30 @@ class Guard:
         mod = sys.modules.get("numba.core.dispatcher")
         if mod is None or not (self._by_where or self._by_synthetic or self._by_fp):
             return
-        for cls in mod.Dispatcher.__mro__ + _cuda_dispatcher_classes():
-            if cls.__module__.startswith("numba"):
-                for member in vars(cls).values():
-                    fn = _unwrap(member)
-                    if isinstance(fn, types.FunctionType):
-                        self._dispatch_codes[id(fn.__code__)] = fn.__code__
         if self._found is None:  # once per guard: later copies are caught when they compile
             self._found = _dispatchers(mod)
+            for cls in mod.Dispatcher.__mro__ + _cuda_dispatcher_classes():
+                if cls.__module__.startswith("numba"):
+                    for member in vars(cls).values():
+                        fn = _unwrap(member)
+                        if isinstance(fn, types.FunctionType):
+                            self._dispatch_codes[id(fn.__code__)] = fn.__code__
+        # What to switch off changes only when a dispatcher compiles a new overload.
+        counts = tuple(len(d.overloads) if isinstance(getattr(d, "overloads", None), dict)
+                       else -1 for d in self._found)
+        if self._off is None or self._off[0] != counts:
+            self._off = (counts, self._forbidden_dispatchers(mod))
+        self._dispatchers = dict(self._off[1])
+        for d, label in self._dispatchers.values():
+            if isinstance(d, mod.Dispatcher):
+                for cres in d.overloads.values():
+                    self._entry_points[id(cres.entry_point)] = (cres.entry_point, label)
+                    self._c_ids[id(cres.entry_point)] = (cres.entry_point, _FORBIDDEN, label)
+                d._clear()  # calls now fall back into the dispatcher's Python methods
+
+    def _forbidden_dispatchers(self, mod) -> dict[int, tuple[Any, tuple[str, str]]]:
+        """The dispatchers among ``self._found`` that run forbidden code, or whose compiled code
+        calls one that does: id -> (dispatcher, label)."""
         off: dict[int, tuple[Any, tuple[str, str]]] = {}
         for d in self._found:
             label = self._dispatcher_label(d)
@@ -1637,13 +1682,7 @@ class Guard:
                         off[id(d)] = (d, (f"{label}, called from the compiled `{name}`,", note))
                         changed = True
                         break
-        self._dispatchers = off
-        for d, label in off.values():
-            if isinstance(d, mod.Dispatcher):
-                for cres in d.overloads.values():
-                    self._entry_points[id(cres.entry_point)] = (cres.entry_point, label)
-                    self._c_ids[id(cres.entry_point)] = (cres.entry_point, _FORBIDDEN, label)
-                d._clear()  # calls now fall back into the dispatcher's Python methods
+        return off
 
     def _restore_dispatchers(self) -> None:
         mod = sys.modules.get("numba.core.dispatcher")
@@ -1688,7 +1727,6 @@ class Guard:
                     f"({', '.join(running[:3])}); on Python {sys.version_info[0]}."
                     f"{sys.version_info[1]} the check cannot watch it, so it cannot trust this "
                     f"result (join or shut down your threads and pools before the check)")
-        self._dispatch_codes = {}
         self._entry_points = {}
         self._c_ids.clear()
         self._c_ids.update(self._c_static)
