@@ -1,6 +1,6 @@
 """Probe overhead: each solution notebook's checks with the guard on (probed) and off (plain).
 
-    python benchmarks/probe_overhead.py [--notebooks ch04 ch07 ch11 ch13] [--rounds 3]
+    python benchmarks/probe_overhead.py [--notebooks ch04 ch07 ch11 ch13] [--rounds 3] [--grade]
 
 For each chapter, a fresh interpreter runs the solutions notebook's code cells (not its check
 cells; cells compiled under an ipykernel-like file name, after the seal, so the answers count as
@@ -16,6 +16,10 @@ the student's code), then times the exercises' probes, seeds fixed:
 Rounds alternate plain and probed; the best of each is kept. Prints per notebook: plain, seal,
 probed (probes only) and the ratio (probed + seal) / plain, the figure the target (<= 1.5x)
 applies to; the seal is also the part every kernel pays once per notebook.
+
+``--grade`` also times ``mlsys-lab grade`` of the solutions notebook (a fresh kernel, the
+notebook run, every check; best of ``--rounds``) and prints the guard's whole cost, probed +
+seal - plain, as a share of it: what a student waiting for a grade pays for the guard.
 """
 
 from __future__ import annotations
@@ -124,6 +128,8 @@ def main() -> None:
     parser.add_argument("--notebooks", nargs="+", default=["ch04", "ch07", "ch11", "ch13"],
                         metavar="CHNN")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--grade", action="store_true",
+                        help="also time `mlsys-lab grade` of each solutions notebook")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -132,7 +138,8 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}, "
           f"rounds: {args.rounds}")
     print(f"{'notebook':8} {'plain s':>8} {'seal s':>7} {'probed s':>9} {'ratio':>6} "
-          f"{'ratio w/o seal':>14}")
+          f"{'ratio w/o seal':>14}" + (f"{'grade s':>9} {'guard share':>11}" if args.grade
+                                       else ""))
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -144,8 +151,28 @@ def main() -> None:
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         ratio = (r["probed"] + r["seal"]) / r["plain"]
-        print(f"{name:8} {r['plain']:8.3f} {r['seal']:7.3f} {r['probed']:9.3f} {ratio:5.2f}x "
-              f"{r['probed'] / r['plain']:13.2f}x")
+        line = (f"{name:8} {r['plain']:8.3f} {r['seal']:7.3f} {r['probed']:9.3f} {ratio:5.2f}x "
+                f"{r['probed'] / r['plain']:13.2f}x")
+        if args.grade:
+            seconds = _grade_seconds(name, args.rounds, env)
+            cost = r["probed"] + r["seal"] - r["plain"]
+            line += f"{seconds:9.2f} {100 * cost / seconds:10.1f}%"
+        print(line)
+
+
+def _grade_seconds(notebook: str, rounds: int, env: dict) -> float:
+    """Best-of-``rounds`` wall time of ``mlsys-lab grade`` on the solutions notebook."""
+    [path] = sorted((ROOT / "solutions").glob(f"{notebook}_*.ipynb"))
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", "from mlsys_lab.cli import main; main()",
+                              "grade", "--no-cache", str(path)], capture_output=True,
+                             text=True, env=env)
+        best = min(best, time.perf_counter() - start)
+        if out.returncode:
+            raise SystemExit(f"mlsys-lab grade {path.name} failed:\n{out.stdout[-2000:]}")
+    return best
 
 
 if __name__ == "__main__":
