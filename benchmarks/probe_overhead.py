@@ -17,6 +17,11 @@ Rounds alternate plain and probed; the best of each is kept. Prints per notebook
 probed (probes only) and the ratio (probed + seal) / plain, the figure the target (<= 1.5x)
 applies to; the seal is also the part every kernel pays once per notebook.
 
+Two floors, each the plain run with a stand-in for the guard, as ratios to plain: ``no-op
+hook``, a ``sys.setprofile`` hook that does nothing (what any guard built on a profile hook pays,
+on every Python), and on Python 3.12+ ``monitoring``, ``sys.monitoring`` events switched off per
+code location after their first (what a guard deciding once per location would pay).
+
 ``--grade`` also times ``mlsys-lab grade`` of the solutions notebook (a fresh kernel, the
 notebook run, every check; best of ``--rounds``) and prints the guard's whole cost, probed +
 seal - plain, as a share of it: what a student waiting for a grade pays for the guard.
@@ -76,13 +81,17 @@ def _child(notebook: str, rounds: int) -> dict:
     plans = {e.id: guard.plan_for(e) for e in exercises}  # computed by the grader, not the kernel
     seed = 1234
 
-    def plain() -> float:
+    def plain(stand_in=_Unwatched) -> float:
         start = time.perf_counter()
         real = probe.Guard
-        probe.Guard = _Unwatched
+        probe.Guard = stand_in
         try:
             for e in exercises:
-                judge_exercise(e, probe.run_exercise(e, answers[e.id], seed, plans[e.id]), seed)
+                result = judge_exercise(
+                    e, probe.run_exercise(e, answers[e.id], seed, plans[e.id]), seed)
+                if result.score != result.max:
+                    raise SystemExit(f"{notebook} {e.id} {stand_in.__name__}: "
+                                     f"{result.report()}")
         finally:
             probe.Guard = real
         return time.perf_counter() - start
@@ -96,13 +105,17 @@ def _child(notebook: str, rounds: int) -> dict:
                 raise SystemExit(f"{notebook} {e.id} probed: {result.report()}")
         return time.perf_counter() - start
 
-    plain_s, probed_s = [], []
+    floors = [("no-op hook", _NoOpHook)] + ([("monitoring", _Monitoring)]
+                                            if hasattr(sys, "monitoring") else [])
+    times: dict[str, list[float]] = {"plain": [], "probed": []}
     for _ in range(rounds):
-        plain_s.append(plain())
-        probed_s.append(probed())
-    return {"notebook": notebook, "exercises": ids, "plain": min(plain_s),
-            "probed": min(probed_s), "first_probed": probed_s[0], "seal": seal_seconds[0],
-            "setup": time.perf_counter() - t0}
+        times["plain"].append(plain())
+        times["probed"].append(probed())
+        for name, stand_in in floors:
+            times.setdefault(name, []).append(plain(stand_in))
+    return {"notebook": notebook, "exercises": ids, "first_probed": times["probed"][0],
+            "seal": seal_seconds[0], "setup": time.perf_counter() - t0,
+            **{name: min(seconds) for name, seconds in times.items()}}
 
 
 class _Unwatched:
@@ -113,6 +126,46 @@ class _Unwatched:
 
     def watching(self):
         return contextlib.nullcontext(self)
+
+
+class _NoOpHook(_Unwatched):
+    """The floor of any guard on ``sys.setprofile``: a profile hook that only looks at the
+    event (as the guard's does first) and does nothing."""
+
+    @contextlib.contextmanager
+    def watching(self):
+        def hook(frame, event, arg):
+            if event == "call":
+                return None
+            if event == "c_call":
+                return None
+            return None
+
+        sys.setprofile(hook)
+        try:
+            yield self
+        finally:
+            sys.setprofile(None)
+
+
+class _Monitoring(_Unwatched):
+    """Python 3.12+: the floor of a guard on ``sys.monitoring`` that decides once per code
+    location: PY_START and CALL events, each location switched off (``DISABLE``) after its
+    first event, every location on again for the next probe (``restart_events``)."""
+
+    @contextlib.contextmanager
+    def watching(self):
+        mon, tool = sys.monitoring, 4  # a free tool id (0-5; 0, 1, 2 and 5 are named)
+        mon.use_tool_id(tool, "probe-overhead floor")
+        mon.register_callback(tool, mon.events.PY_START, lambda code, offset: mon.DISABLE)
+        mon.register_callback(tool, mon.events.CALL, lambda *args: mon.DISABLE)
+        mon.set_events(tool, mon.events.PY_START | mon.events.CALL)
+        try:
+            yield self
+        finally:
+            mon.set_events(tool, 0)
+            mon.restart_events()
+            mon.free_tool_id(tool)
 
 
 def _exists(get_exercise, ex_id: str) -> bool:
@@ -138,8 +191,8 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}, "
           f"rounds: {args.rounds}")
     print(f"{'notebook':8} {'plain s':>8} {'seal s':>7} {'probed s':>9} {'ratio':>6} "
-          f"{'ratio w/o seal':>14}" + (f"{'grade s':>9} {'guard share':>11}" if args.grade
-                                       else ""))
+          f"{'ratio w/o seal':>14} {'no-op hook':>10} {'monitoring':>11}"
+          + (f"{'grade s':>9} {'guard share':>11}" if args.grade else ""))
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -152,7 +205,8 @@ def main() -> None:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         ratio = (r["probed"] + r["seal"]) / r["plain"]
         line = (f"{name:8} {r['plain']:8.3f} {r['seal']:7.3f} {r['probed']:9.3f} {ratio:5.2f}x "
-                f"{r['probed'] / r['plain']:13.2f}x")
+                f"{r['probed'] / r['plain']:13.2f}x {r['no-op hook'] / r['plain']:9.2f}x")
+        line += f" {r['monitoring'] / r['plain']:10.2f}x" if "monitoring" in r else f" {'-':>11}"
         if args.grade:
             seconds = _grade_seconds(name, args.rounds, env)
             cost = r["probed"] + r["seal"] - r["plain"]
