@@ -25,12 +25,16 @@ Prints:
    memory: 16,384 token positions; paged admission keeps 5 % of the blocks free (vLLM's 1 %
    preempted and recomputed 51 requests in one run, 7 % less throughput). Targets: paged >= 2x
    static's throughput, paged KV waste <= 4 %.
-4. **Speculative decoding** — the GPT as target, its first block (with the shared embeddings,
-   final norm and head: the training's early exit) as draft; gamma = 2, 3, 4; sampling at
-   temperature 1 from held-out prompts. Measured acceptance alpha (mean of sum min(p, q)),
-   cost ratio c (a draft forward in the run / a plain cached step), speed-up over plain cached
-   decoding against the formula ``(1 - alpha^(gamma+1)) / ((1 - alpha)(c gamma + 1))``.
-   Target: within 10 %.
+4. **Speculative decoding** — the GPT as target; as drafts its first block, and its first two
+   (with the shared embeddings, final norm and head: the training's early exit); gamma = 2, 3,
+   4; sampling at temperature 1 from held-out prompts. Measured acceptance alpha (mean of
+   sum min(p, q)), cost ratio c (a draft forward in the run / a plain cached step), speed-up
+   over plain cached decoding against the formula
+   ``(1 - alpha^(gamma+1)) / ((1 - alpha)(c gamma + 1))``. Target: within 10 %. (The training
+   taught the first block's exit only, so the two-block draft costs more and agrees less: it
+   shows that the gap to the formula does not depend on the draft: checking gamma + 1 tokens
+   costs more than the one step the formula assumes, ``T_verify/T``, and acceptance varies
+   from position to position, so fewer tokens come per step than a constant alpha gives.)
 5. **Weight-only int8** — held-out loss and perplexity of the float32 model and of its int8
    per-channel copy, the logit change, the weight bytes.
 
@@ -140,35 +144,38 @@ def serving_section(model, requests, quick):
           f"{100 * results['paged'].waste:.1f} % (target <= 4 %)")
 
 
-def speculative_section(model, prompts, new_tokens, gammas, rounds):
-    """Each round runs plain decoding and every gamma on every prompt, interleaved, so load
-    drift hits all alike; the fastest round of each contestant is kept."""
-    draft = model.truncated(1)
+def speculative_section(model, prompts, new_tokens, gammas, rounds, drafts=(1, 2)):
+    """Each round runs plain decoding and, for every draft (the target's first ``layers``
+    blocks) and gamma, speculative decoding on every prompt, interleaved, so load drift hits
+    all alike; the fastest round of each contestant is kept."""
     best = {}
     for _ in range(rounds):
         runs = {"plain": [0.0, {}]}
         for i, p in enumerate(prompts):
             _, t = timing.timed(llm.generate_tokens, model, p, new_tokens, 1.0, None, None, i)
             runs["plain"][0] += t
-            for g in gammas:
-                (_, st), t = timing.timed(speculative.speculative_generate, model, draft, p,
-                                          new_tokens, g, 1.0, i)
-                total = runs.setdefault(g, [0.0, {}])
-                total[0] += t
-                for k, v in st.items():
-                    total[1].setdefault(k, []).append(v)
+            for layers in drafts:
+                draft = model.truncated(layers)
+                for g in gammas:
+                    (_, st), t = timing.timed(speculative.speculative_generate, model, draft, p,
+                                              new_tokens, g, 1.0, i)
+                    total = runs.setdefault((layers, g), [0.0, {}])
+                    total[0] += t
+                    for k, v in st.items():
+                        total[1].setdefault(k, []).append(v)
         for k, v in runs.items():
             if k not in best or v[0] < best[k][0]:
                 best[k] = v
     tokens = len(prompts) * new_tokens
     T = best["plain"][0] / tokens
     print(f"plain cached decoding T = {1e3 * T:.2f} ms/token (target = the 4-block GPT, draft = "
-          f"its first block); {len(prompts)} held-out prompts of 32 tokens, {new_tokens} new "
-          f"tokens each, temperature 1, best of {rounds} interleaved rounds")
-    print(f"{'gamma':>5}{'alpha':>7}{'c':>7}{'tok/step':>9}{'formula':>8}{'ms/tok':>8}"
-          f"{'speed-up':>9}{'formula':>8}{'ratio':>7}{'  | T_verify/T':>13}{'refined':>8}")
-    for g in gammas:
-        seconds, st = best[g]
+          f"its first block or two); {len(prompts)} held-out prompts of 32 tokens, {new_tokens} "
+          f"new tokens each, temperature 1, best of {rounds} interleaved rounds")
+    print(f"{'draft':>7}{'gamma':>6}{'alpha':>7}{'c':>7}{'tok/step':>9}{'formula':>8}"
+          f"{'ms/tok':>8}{'speed-up':>9}{'formula':>8}{'ratio':>7}{'  | T_verify/T':>13}"
+          f"{'refined':>8}")
+    for layers, g in ((layers, g) for layers in drafts for g in gammas):
+        seconds, st = best[(layers, g)]
         steps, accepted = sum(st["steps"]), sum(st["accepted"])
         alpha = float(np.mean(st["alpha"]))
         c = sum(st["draft_seconds"]) / (steps * g) / T  # one draft forward, in target steps
@@ -176,13 +183,15 @@ def speculative_section(model, prompts, new_tokens, gammas, rounds):
         measured = T / (seconds / tokens)
         formula = speculative.speedup(alpha, g, c)
         refined = speculative.expected_tokens(alpha, g) / (c * g + verify)
-        print(f"{g:>5}{alpha:>7.3f}{c:>7.3f}{(accepted + steps) / steps:>9.2f}"
+        print(f"{layers:>2} blk{'s' if layers > 1 else ' '}{g:>6}{alpha:>7.3f}{c:>7.3f}"
+              f"{(accepted + steps) / steps:>9.2f}"
               f"{speculative.expected_tokens(alpha, g):>8.2f}{1e3 * seconds / tokens:>8.2f}"
               f"{measured:>9.2f}{formula:>8.2f}{measured / formula:>7.2f}"
               f"{verify:>13.2f}{refined:>8.2f}")
     print("formula: (1 - a^(g+1)) / ((1 - a)(c g + 1)), c measured in the run; target: ratio "
           "0.90-1.10. refined: the same with the verification's measured cost in place of T "
-          "(the book's formula assumes checking g + 1 tokens costs one step)")
+          "(the book's formula assumes checking g + 1 tokens costs one step; here it costs "
+          "T_verify, and the share of a step it takes grows as the draft gets cheaper)")
 
 
 def int8_section(pre, held, windows):
