@@ -142,15 +142,21 @@ def test_bad_shapes_and_dtypes_name_the_op():
 
 
 def test_blocks_follow_the_books_rule():
-    """Bc = floor(M / 4d) with M = half of L2, Br = min(Bc, d); multiples of 16, clamped."""
+    """Bc = floor(M / 2d) with M = L1d (the key and value tiles), Br = min(Bc, d); multiples
+    of 16, clamped. A rule read off L2 (the earlier one) gives other sizes for both caches."""
+    xeon = CacheSizes(l1d=48 << 10, l2=2 << 20, l3=32 << 20, source="test")
+    b = A.attention_blocks(64, dtype=np.float32, caches=xeon)
+    assert (b.br, b.bc, b.budget) == (64, 96, 48 << 10) and "⌊M/2d⌋" in b.rule
+    assert (A.attention_blocks(128, caches=xeon).br, A.attention_blocks(128, caches=xeon).bc) \
+        == (48, 48)
+    assert A.attention_blocks(64, dtype=np.float64, caches=xeon).bc == 48
     zen4 = CacheSizes(l1d=32 << 10, l2=1 << 20, l3=32 << 20, source="test")
-    b = A.attention_blocks(64, dtype=np.float32, caches=zen4)
-    assert (b.br, b.bc) == (64, 512) and "⌊M/4d⌋" in b.rule
-    assert A.attention_blocks(128, dtype=np.float32, caches=zen4).bc == 256
-    assert A.attention_blocks(64, dtype=np.float64, caches=zen4).bc == 256
-    small = CacheSizes(l1d=32 << 10, l2=64 << 10, l3=1 << 20, source="test")
+    assert A.attention_blocks(64, caches=zen4).bc == 64
+    assert A.attention_blocks(32, caches=zen4).bc == 128  # 32768 / (2·32·4)
+    small = CacheSizes(l1d=4 << 10, l2=64 << 10, l3=1 << 20, source="test")
     assert A.attention_blocks(256, caches=small).bc == A.MIN_BLOCK
-    assert A.attention_blocks(4, caches=zen4).bc == A.MAX_BLOCK
+    assert A.attention_blocks(2, caches=zen4).bc == A.MAX_BLOCK
+    assert A.fitted_blocks(64, 64, 3, 20).br == 3 and A.fitted_blocks(64, 64, 3, 20).bc == 32
     assert A.fitted_blocks(64, 64, 3, 20).br == 3 and A.fitted_blocks(64, 64, 3, 20).bc == 32
 
 
