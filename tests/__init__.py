@@ -3,5 +3,7 @@
 grading, cli); ``tests/notebooks/`` the checks on the committed notebooks and the exercises'
 grading round trips; the root the tests of the package's top-level modules and the shared
 helpers (``conformance``, ``gradcheck``, ``processes``, ``exercise_results``, ``conftest``)
-and the browser's screenshots (``artifacts/``). ``data/`` also keeps the committed PyTorch
-reference (``torch_reference.npz`` and the script that writes it)."""
+and the browser's screenshots (``artifacts/``). ``data/`` also keeps the committed answers of the
+reference libraries and the scripts that write them (``torch_reference.npz`` for the conformance
+cases, ``torch_misc_reference.npz`` for single features, Captum's, Opacus', Gymnasium's,
+python-control's), so no test needs those libraries installed."""

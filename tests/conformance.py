@@ -1923,6 +1923,21 @@ def torch_reference():
         return {k: z[k] for k in z.files}
 
 
+TORCH_MISC_NPZ = os.path.join(DATA, "torch_misc_reference.npz")
+
+
+@functools.lru_cache(maxsize=None)
+def torch_misc_reference(prefix):
+    """``{key: array}`` of the committed ``tests/data/torch_misc_reference.npz`` (PyTorch's
+    answers for single features: promotion, sparse optimizers, ``embedding_bag``, the
+    distributed sampler; written by ``make_torch_misc_reference.py``) whose keys start with
+    ``prefix + "::"``, the prefix taken off."""
+    with np.load(TORCH_MISC_NPZ, allow_pickle=False) as z:
+        found = {k[len(prefix) + 2:]: z[k] for k in z.files if k.startswith(prefix + "::")}
+    assert found, f"no {prefix!r} arrays in {TORCH_MISC_NPZ}: run make_torch_misc_reference.py"
+    return found
+
+
 def torch_cases():
     return [c for c in all_cases() if c.torch is not None and not c.divergence]
 

@@ -18,6 +18,7 @@ from mlsys_lab.engine.sparse import RowSparse, unique_first_seen
 from mlsys_lab.errors import ArgumentError, DTypeError, RankError
 from mlsys_lab.kernels import embedding as kernels
 
+from ..conformance import torch_misc_reference
 from .test_recsys_embedding import bags  # rows, ids (repeats, empty bags), offsets, seed
 
 
@@ -235,27 +236,16 @@ def test_sparse_sgd_with_repeated_ids_equals_dense_sgd_bit_for_bit():
 
 
 def test_per_sample_weights_equal_torch():
-    torch = pytest.importorskip("torch")
-    r = np.random.default_rng(4)
-    w0 = r.standard_normal((9, 3))
-    ids = np.array([1, 8, 8, 0, 3, 3, 3])
-    offsets = np.array([0, 3, 3, 7])  # an empty bag, and include_last_offset's closing entry
-    psw0 = r.standard_normal(7)
-    gout = r.standard_normal((3, 3))
-    w = ml.tensor(w0, requires_grad=True)
-    p = ml.tensor(psw0, requires_grad=True)
-    y = ml.ops.embedding_bag(w, ids, offsets, "sum", sparse=True, per_sample_weights=p,
-                             include_last_offset=True)
-    y.backward(ml.tensor(gout))
-    tw = torch.tensor(w0, requires_grad=True)
-    tp = torch.tensor(psw0, requires_grad=True)
-    ty = torch.nn.functional.embedding_bag(torch.tensor(ids), tw, torch.tensor(offsets),
-                                           mode="sum", sparse=True, per_sample_weights=tp,
-                                           include_last_offset=True)
-    ty.backward(torch.tensor(gout))
-    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-12)
-    np.testing.assert_allclose(w.grad.numpy(), tw.grad.to_dense().numpy(), rtol=1e-12)
-    np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-12)
+    ref = torch_misc_reference("psw")  # F.embedding_bag with per_sample_weights, committed
+    w = ml.tensor(ref["w0"], requires_grad=True)
+    p = ml.tensor(ref["psw0"], requires_grad=True)
+    # an empty bag, and include_last_offset's closing entry
+    y = ml.ops.embedding_bag(w, ref["ids"], ref["offsets"], "sum", sparse=True,
+                             per_sample_weights=p, include_last_offset=True)
+    y.backward(ml.tensor(ref["gout"]))
+    np.testing.assert_allclose(y.numpy(), ref["out"], rtol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), ref["wgrad"], rtol=1e-12)
+    np.testing.assert_allclose(p.grad.numpy(), ref["pgrad"], rtol=1e-12)
 
 
 @pytest.mark.parametrize("opt_cls", [ml.optim.Adagrad, ml.optim.SparseAdam])

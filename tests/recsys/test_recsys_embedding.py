@@ -16,6 +16,8 @@ from mlsys_lab.engine import ops_embedding
 from mlsys_lab.engine.sparse import RowSparse
 from mlsys_lab.errors import ArgumentError, DTypeError, RankError
 
+from ..conformance import torch_misc_reference
+
 
 def bag_reference(w, ids, offsets, mode):
     """Bag by bag, the obvious loop."""
@@ -274,24 +276,19 @@ def test_sparse_adam_state_round_trips(tmp_path):
 
 
 def test_sparse_adam_and_adagrad_equal_torch():
-    torch = pytest.importorskip("torch")
-    w0 = np.random.default_rng(5).standard_normal((8, 3))
-    grads = _grads(6)
-    for ours, theirs, hyper in ((ml.optim.SparseAdam, torch.optim.SparseAdam,
-                                 dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6)),
-                                (ml.optim.Adagrad, torch.optim.Adagrad,
-                                 dict(lr=0.2, lr_decay=0.05, eps=1e-10))):
-        tp = torch.nn.Parameter(torch.tensor(w0.copy()))
-        topt = theirs([tp], **hyper)
+    ref = torch_misc_reference("sparse_opt")  # torch.optim.SparseAdam / Adagrad, committed
+    w0 = ref["w0"]
+    grads = [(ref[f"rows{i}"], ref[f"vals{i}"]) for i in range(5)]
+    for ours, name, hyper in ((ml.optim.SparseAdam, "SparseAdam",
+                               dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6)),
+                              (ml.optim.Adagrad, "Adagrad",
+                               dict(lr=0.2, lr_decay=0.05, eps=1e-10))):
         p = ml.nn.Parameter(w0.copy())
         opt = ours([p], **hyper)
         for rows, vals in grads:
-            tp.grad = torch.sparse_coo_tensor(torch.tensor(rows)[None], torch.tensor(vals),
-                                              (8, 3), check_invariants=True)
-            topt.step()
             p.grad = RowSparse(rows, vals, 8)
             opt.step()
-        np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(p.numpy(), ref[name], rtol=1e-10, atol=1e-12)
 
 
 def test_embedding_layers_trace_and_compile():
@@ -304,21 +301,15 @@ def test_embedding_layers_trace_and_compile():
 
 
 def test_embedding_bag_equals_torch_including_empty_bags():
-    torch = pytest.importorskip("torch")
-    r = np.random.default_rng(9)
-    w0 = r.standard_normal((8, 3))
-    ids, offsets = np.array([3, 3, 0, 7, 1, 3]), np.array([0, 2, 2, 5])  # bag 1 is empty
-    gout = r.standard_normal((4, 3))
+    ref = torch_misc_reference("bag")  # F.embedding_bag(sparse=True), committed
+    w0, ids, offsets, gout = ref["w0"], ref["ids"], ref["offsets"], ref["gout"]  # bag 1 is empty
+    assert offsets[1] == offsets[2]
     for mode in ("sum", "mean"):
-        tw = torch.tensor(w0, requires_grad=True)
-        ty = torch.nn.functional.embedding_bag(torch.tensor(ids), tw, torch.tensor(offsets),
-                                               mode=mode, sparse=True)
-        (ty * torch.tensor(gout)).sum().backward()
         w = ml.tensor(w0, requires_grad=True)
         y = ml.ops.embedding_bag(w, ids, offsets, mode, sparse=True)
         (y * ml.tensor(gout)).sum().backward()
-        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-12)
-        np.testing.assert_allclose(w.grad.to_dense(), tw.grad.to_dense().numpy(), rtol=1e-12)
+        np.testing.assert_allclose(y.numpy(), ref[f"{mode}::out"], rtol=1e-12)
+        np.testing.assert_allclose(w.grad.to_dense(), ref[f"{mode}::grad"], rtol=1e-12)
 
 
 def eager_bag_case(rng, dtype):
