@@ -1552,6 +1552,11 @@ def test_tampered_sees_every_kind_of_change_the_fast_comparison_must_not_miss(mo
 
     state = guard.seal()
     assert guard.tampered(state) == []
+    # a class Python lets change is recorded; one it keeps from changing (setattr raises) is not
+    assert "mlsys_lab.distributed.sim.engine.Engine" in state["classes"]
+    assert "numpy.ndarray" not in state["classes"]
+    with pytest.raises(TypeError):
+        np.ndarray.sum = None
     with monkeypatch.context() as m:  # new defaults
         m.setattr(sim.run, "__defaults__", tuple(sim.run.__defaults__ or ()) + (None,))
         assert "`mlsys_lab.distributed.sim.run`" in guard.tampered(state)

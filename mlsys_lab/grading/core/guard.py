@@ -66,9 +66,10 @@ The seal. ``tampered(state)`` lists what changed since ``seal()`` among the func
 classes and modules of ``SEALED_MODULES`` (the simulator, the pipeline-parallel helpers, every
 other non-grading ``mlsys_lab`` module, ``json``, ``threading``, numpy, builtins, the kernel's
 display publisher and session): a replaced attribute or ``sys.modules`` entry, a swapped
-``__code__`` or ``__defaults__``. The hidden cell looks before and after the probes and fails
-every case when anything changed, and sends the payload with the JSON encoder and publisher the
-seal holds, not the kernel's current ones.
+``__code__`` or ``__defaults__`` (classes whose namespace Python itself keeps from changing,
+static and immutable types such as ``numpy.ndarray``, are not recorded). The hidden cell looks
+before and after the probes and fails every case when anything changed, and sends the payload
+with the JSON encoder and publisher the seal holds, not the kernel's current ones.
 
 The guard is a tripwire for every shortcut a notebook offers, not a sandbox: code that walks the
 interpreter's frames or objects to find and rewrite the guard's or the seal's state is deliberate
@@ -915,14 +916,15 @@ def _local_seal() -> dict:
     return _LOCAL_SEAL
 
 
+_HEAPTYPE, _IMMUTABLETYPE = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
+
+
 def _immutable(cls: type) -> bool:
     """Whether ``cls``'s namespace cannot be changed (``setattr`` raises TypeError): a static
-    (builtin) type or one flagged immutable, as most C extensions' types (``numpy.ndarray``)."""
+    (builtin) type or one flagged immutable, as most C extensions' types (``numpy.ndarray``);
+    the seal does not record them."""
     flags = cls.__flags__
     return not flags & _HEAPTYPE or bool(flags & _IMMUTABLETYPE)
-
-
-_HEAPTYPE, _IMMUTABLETYPE = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
 
 
 def _changed(old: tuple, new: Any) -> bool:
