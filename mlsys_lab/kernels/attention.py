@@ -36,14 +36,18 @@ What the kernels do to be fast (a kernel docstring states what it must have, as 
   backward's dV/dK updates take two gradient rows per load of dO or q (loads, not FMAs, bound
   these loops; measured 1.35× on both passes);
 * **block sizes from the cache** (:func:`attention_blocks`): the book's rule (``Bc = ⌊M / 4d⌋``,
-  the four d-wide tiles in the fast memory ``M``; ``Br = min(Bc, d)`` as in FlashAttention)
-  applied to what a CPU core's inner loop re-reads for every query row: the key and value
-  tiles, from the L1 data cache, so ``Bc = ⌊L1d / 2d⌋`` (48 KiB L1d, d = 64: Br = 64, Bc = 96).
+  the four d-wide tiles in the fast memory ``M``; ``Br = min(Bc, d)`` in FlashAttention, whose
+  query tile must also fit on chip) applied to what a CPU core's inner loop re-reads for every
+  query row: the key and value tiles, from the L1 data cache, so ``Bc = ⌊L1d / 2d⌋``; and
+  ``Br = Bc``, so that query blocks line up with key blocks on the causal diagonal and each
+  transposed key tile serves as many rows as it has keys (48 KiB L1d, d = 64: Br = Bc = 96).
   Measured on an AVX-512 Xeon (48 KiB L1d, 2 MiB L2; causal, L = 2048, 8 heads, 2 threads),
-  forward + backward: d = 32 137 ms (Bc = 192) against 198 ms with the earlier rule's half
-  of L2 (Bc = 1024); d = 64 206 against 280 ms (Bc = 96 against 1024); d = 128 344 against
-  420 ms (Bc = 48 against 512); Bc 64-128 within 3 % of one another, 256 and more slower. On
-  a Zen 4 (32 KiB L1d, 1 MiB L2) Bc from 32 to 512 had run within the noise.
+  forward + backward: d = 32 134 ms (Bc = 192) against 198 ms with the earlier rule (half of
+  L2, Br = min(Bc, d): Bc = 1024); d = 64 194 against 280 ms (Bc = 96 against 1024); d = 128
+  354 against 420 ms (Bc = 48 against 512). Bc 64-128 ran within 3 % of one another, 256 and
+  more slower; Br = Bc was 2-5 % faster than Br = min(Bc, d) and than a Br that is no
+  multiple of Bc. On a Zen 4 (32 KiB L1d, 1 MiB L2) Bc from 32 to 512 had run within the
+  noise.
 
 Rounding: sums run in the inputs' dtype (the running denominator in float64); a float32 result
 is within a few 1e-7 of float64 exact attention (the tests hold it to 2e-6). A bool mask is
@@ -111,10 +115,11 @@ def attention_blocks(e: int, ev: int | None = None, dtype=np.float32,
     ⌊M / 4d⌋`` keys and ``Br = min(Bc, d)`` queries, so the four d-wide tiles (Q, K, V, O) fit.
     On a CPU core the tiles re-read for every query row of a block are the key and value tiles
     (a query's and an output's row are one row each), and the memory the inner loop reads
-    fastest is the L1 data cache: ``M`` = L1d and two tiles, ``Bc = ⌊M / 2d⌋``. (Half of L2
-    with four tiles, the earlier budget, gave Bc = 1024 on a 2 MiB L2, 25-35 % slower than
-    this rule: see the module docstring.) ``Bc`` is rounded down to a multiple of 16 (one
-    AVX-512 vector of float32) and clamped to [16, 1024].
+    fastest is the L1 data cache: ``M`` = L1d and two tiles, ``Bc = ⌊M / 2d⌋``; the query
+    tile is not held, so ``Br = Bc``: query and key blocks line up on the causal diagonal.
+    (Half of L2 with four tiles, the earlier budget, gave Bc = 1024 on a 2 MiB L2, 25-35 %
+    slower than this rule: see the module docstring.) ``Bc`` is rounded down to a multiple of
+    16 (one AVX-512 vector of float32) and clamped to [16, 1024].
 
     Args:
         e: head dimension of queries and keys.
@@ -127,11 +132,10 @@ def attention_blocks(e: int, ev: int | None = None, dtype=np.float32,
     size = np.dtype(dtype).itemsize
     budget = caches.l1d
     raw = budget // (2 * d * size)
-    bc = int(min(max(raw // 16 * 16, MIN_BLOCK), MAX_BLOCK))
-    br = int(max(min(bc, d), 1))
+    bc = br = int(min(max(raw // 16 * 16, MIN_BLOCK), MAX_BLOCK))
     rule = (f"M = L1d = {budget >> 10} KiB = {budget // size} {np.dtype(dtype).name} elements "
             f"(from {caches.source}), the key and value tiles: Bc = ⌊M/2d⌋ = "
-            f"⌊{budget // size}/(2·{d})⌋ = {raw} -> {bc}, Br = min(Bc, d) = {br}")
+            f"⌊{budget // size}/(2·{d})⌋ = {raw} -> {bc}, Br = Bc = {br}")
     return Blocks(br, bc, budget, rule)
 
 
