@@ -12,7 +12,8 @@ Rows (causal, float32):
   backward from the saved probabilities) — target ≥ 2× — and against PyTorch CPU's
   ``scaled_dot_product_attention`` (a vectorised flash kernel in C++; target ≥ 0.5×) when
   ``import torch`` works. Best of ``--repeats`` runs, the contenders interleaved so a busy
-  machine slows them alike; every contender's answer is checked against the tiled one.
+  machine slows them alike, each after a short rest so that none pays for the previous one's
+  spinning threads; every contender's answer is checked against the tiled one.
 * ``peak working memory`` at L = 8192: the memory planner's peak for the compiled graph, kernel
   workspaces included, leaving out q, k, v and the output: the op on the tiled kernel (its
   declared workspace) against the same attention written as matmul / softmax / matmul (the
@@ -133,12 +134,21 @@ def _contenders(q, k, v, g, scale):
     return found
 
 
+#: Seconds of rest before each timed call: the previous contender's thread pool must go idle
+#: first (OpenBLAS's threads spin for a while after a call and take the cores from whatever
+#: runs next: the tiled forward measured 65 ms alone, 101-112 ms right after the exact path,
+#: 67 ms after a 0.2 s rest).
+PAUSE = 0.25
+
+
 def _best_of(fns, repeats):
-    """Best wall time per function, the functions interleaved; plus each one's last result."""
+    """Best wall time per function, the functions interleaved, each after a rest (``PAUSE``);
+    plus each one's last result."""
     best = {name: math.inf for name in fns}
     results = {}
     for _ in range(repeats):
         for name, fn in fns.items():
+            time.sleep(PAUSE)
             t0 = time.perf_counter()
             results[name] = fn()
             best[name] = min(best[name], time.perf_counter() - t0)
