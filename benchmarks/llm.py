@@ -43,6 +43,7 @@ runs ``--threads`` threads (default 1).
 """
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -148,21 +149,20 @@ def speculative_section(model, prompts, new_tokens, gammas, rounds, drafts=(1, 2
     """Each round runs plain decoding and, for every draft (the target's first ``layers``
     blocks) and gamma, speculative decoding on every prompt, interleaved, so load drift hits
     all alike; the fastest round of each contestant is kept."""
+    models = {layers: model.truncated(layers) for layers in drafts}
     best = {}
     for _ in range(rounds):
         runs = {"plain": [0.0, {}]}
         for i, p in enumerate(prompts):
             _, t = timing.timed(llm.generate_tokens, model, p, new_tokens, 1.0, None, None, i)
             runs["plain"][0] += t
-            for layers in drafts:
-                draft = model.truncated(layers)
-                for g in gammas:
-                    (_, st), t = timing.timed(speculative.speculative_generate, model, draft, p,
-                                              new_tokens, g, 1.0, i)
-                    total = runs.setdefault((layers, g), [0.0, {}])
-                    total[0] += t
-                    for k, v in st.items():
-                        total[1].setdefault(k, []).append(v)
+            for layers, g in itertools.product(drafts, gammas):
+                (_, st), t = timing.timed(speculative.speculative_generate, model,
+                                          models[layers], p, new_tokens, g, 1.0, i)
+                total = runs.setdefault((layers, g), [0.0, {}])
+                total[0] += t
+                for k, v in st.items():
+                    total[1].setdefault(k, []).append(v)
         for k, v in runs.items():
             if k not in best or v[0] < best[k][0]:
                 best[k] = v
@@ -174,7 +174,7 @@ def speculative_section(model, prompts, new_tokens, gammas, rounds, drafts=(1, 2
     print(f"{'draft':>7}{'gamma':>6}{'alpha':>7}{'c':>7}{'tok/step':>9}{'formula':>8}"
           f"{'ms/tok':>8}{'speed-up':>9}{'formula':>8}{'ratio':>7}{'  | T_verify/T':>13}"
           f"{'refined':>8}")
-    for layers, g in ((layers, g) for layers in drafts for g in gammas):
+    for layers, g in itertools.product(drafts, gammas):
         seconds, st = best[(layers, g)]
         steps, accepted = sum(st["steps"]), sum(st["accepted"])
         alpha = float(np.mean(st["alpha"]))

@@ -41,6 +41,7 @@ SLOW_MODULES = SERVICE_MODULES | {
     "test_exercises_ch19.py", "test_onnx_conformance.py",
 }
 
+
 def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # `-n auto` already runs one worker per core: numpy's BLAS threads on top of that

@@ -793,6 +793,11 @@ def _baseline_alive() -> dict[int, types.CodeType]:
     return found
 
 
+def _function_of(value: Any) -> Any:
+    """The function a class member holds: a staticmethod's or classmethod's, else itself."""
+    return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+
+
 def _snapshot_members(owner: Any) -> dict[str, tuple]:
     """name -> (object, its __code__, its __defaults__, its __kwdefaults__) for every callable or
     module in ``owner``'s namespace."""
@@ -808,7 +813,7 @@ def _snapshot_members(owner: Any) -> dict[str, tuple]:
                 continue
         except Exception:  # an object whose __class__ lies
             continue
-        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        fn = _function_of(value)
         code = getattr(fn, "__code__", None) if isinstance(fn, types.FunctionType) else None
         defaults = (fn.__defaults__, fn.__kwdefaults__) if code is not None else (None, None)
         out[name] = (value, code, *defaults)
@@ -932,7 +937,7 @@ def _changed(old: tuple, new: Any) -> bool:
     if new is not value:
         return True
     if code is not None:
-        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        fn = _function_of(value)
         return (fn.__code__ is not code or fn.__defaults__ is not defaults
                 or fn.__kwdefaults__ is not kwdefaults)
     return False
@@ -956,9 +961,7 @@ class _Frozen:
         self.names = tuple(modules)
         self.modules = tuple(module for module, _ in modules.values())
         spaces, keys, values, functions, code = [], [], [], [], []
-        namespaces = [(module, members) for module, members in modules.values()]
-        namespaces += [(cls, members) for cls, members in classes.values()]
-        for owner, members in namespaces:
+        for owner, members in [*modules.values(), *classes.values()]:
             try:
                 space = vars(owner)  # a module's dict; a class's (live) mapping proxy
             except TypeError:
@@ -968,10 +971,7 @@ class _Frozen:
                 keys.append(name)
                 values.append(old[0])
                 if old[1] is not None:
-                    value = old[0]
-                    functions.append(value.__func__ if isinstance(value, (staticmethod,
-                                                                          classmethod))
-                                     else value)
+                    functions.append(_function_of(old[0]))
                     code.extend(old[1:])  # code, defaults, kwdefaults
         self.spaces, self.keys, self.values = tuple(spaces), tuple(keys), tuple(values)
         self.functions, self.code = tuple(functions), tuple(code)
