@@ -21,7 +21,9 @@ Rows (causal, float32):
   float32 L × L (268 MB).
 
 ``--haswell`` re-runs the timing rows in a subprocess with ``NUMBA_CPU_NAME=haswell
-NUMBA_CPU_FEATURES=`` (Numba emits AVX2 + FMA code only, the code a Zen 3 gets). ``--gpu`` times
+NUMBA_CPU_FEATURES=`` (Numba emits AVX2 + FMA code only, the code a Zen 3 gets) and
+``OPENBLAS_CORETYPE=Haswell`` (the tile products' BLAS, and the exact path's, on AVX2 too;
+PyTorch's kernels choose their own ISA). ``--gpu`` times
 :mod:`mlsys_lab.kernels.attention_cuda` on a real GPU and writes
 ``benchmarks/results/gpu_attention.json`` (device, date, numba version, rows: the format of
 :mod:`mlsys_lab.kernels.gpu_results`); it exits 2 without one.
@@ -48,7 +50,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a plain checkout, too
 
-HASWELL = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""}
+# OPENBLAS_CORETYPE: the kernels' tile products run on OpenBLAS, which picks its own code from
+# the CPU; Haswell's is the AVX2 + FMA code a Zen 3 gets.
+HASWELL = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "", "OPENBLAS_CORETYPE": "Haswell"}
 GPU_OUT = ROOT / "benchmarks" / "results" / "gpu_attention.json"
 MEMORY_LENGTH = 8192
 

@@ -13,7 +13,7 @@ running quantities — the **(m, l, s) recurrence** of online softmax:
 A new key block with row maximum ``m̃`` rescales the old sums by ``exp(m − max(m, m̃))`` before
 adding its own terms, so after the last block ``s / l`` is the softmax-weighted sum, exact up to
 rounding; ``m + log l`` (the row's log-sum-exp) is saved for the backward pass. Working memory is
-one Br×Bc tile and the Bc×E key tile per thread: O(N), not O(N²).
+one Br×Bc score tile and two row tiles (Br×E, Br×Ev) per thread: O(N), not O(N²).
 
 **Backward** (FlashAttention-2): the probabilities are recomputed block by block from the saved
 log-sum-exp, ``P = exp(q kᵀ · scale − lse)``; with ``D = rowsum(dO ∘ O)``,
@@ -22,32 +22,32 @@ log-sum-exp, ``P = exp(q kᵀ · scale − lse)``; with ``D = rowsum(dO ∘ O)``
 
 What the kernels do to be fast (a kernel docstring states what it must have, as in MiniTorch):
 
+* **tile products on BLAS**: ``Q_i K_jᵀ``, ``P_ij V_j`` and the backward's five products are
+  ``np.dot`` on the tiles, which Numba compiles to calls of the BLAS SciPy ships (packed
+  panels, register-blocked micro-kernels); the kernel keeps the row-wise work — the scale and
+  mask, the (m, l, s) step, the probabilities and ``dS`` — in vectorised loops between them.
+  The BLAS runs on one thread inside Numba's (held there for the call through threadpoolctl);
+  the first version computed the products as axpy loops of its own and was 2.0× (forward) and
+  2.4× (backward) slower on the machine below;
 * **causal blocks skipped**: a key block entirely above the diagonal is never visited (half the
-  work at L = S), and inside a diagonal block a row stops at its own position;
+  work at L = S), and inside a diagonal block a row's softmax stops at its own position;
 * **parallel** over batch × heads × query blocks (forward) or batch × heads (backward) with
   ``prange``: up to four workers per thread, worker w taking items w, w + W, ... (cheap and dear
   causal blocks spread evenly; tiles allocated once per worker), handed to threads one at a
   time so a thread the OS preempts on a busy machine holds up little;
-* **vectorised inner loops**: every inner loop runs over a contiguous row (the key tile is
-  transposed once per block so ``q kᵀ`` is a sum of axpy's over contiguous rows, four at a time),
-  and ``exp`` is a polynomial (Cody–Waite reduction, Horner with FMA, exponent added by bit
-  arithmetic) that LLVM vectorises — Numba's ``math.exp`` is a libm call per element (no SVML);
-* **two rows per pass**: two query rows share every load of the key and value tiles, and the
-  backward's dV/dK updates take two gradient rows per load of dO or q (loads, not FMAs, bound
-  these loops; measured 1.35× on both passes);
-* **block sizes from the cache** (:func:`attention_blocks`): the book's rule (``Bc = ⌊M / 4d⌋``,
-  the four d-wide tiles in the fast memory ``M``; ``Br = min(Bc, d)`` in FlashAttention, whose
-  query tile must also fit on chip) applied to what a CPU core's inner loop re-reads for every
-  query row: the key and value tiles, from the L1 data cache, so ``Bc = ⌊L1d / 2d⌋``; and
-  ``Br = Bc``, so that query blocks line up with key blocks on the causal diagonal and each
-  transposed key tile serves as many rows as it has keys (48 KiB L1d, d = 64: Br = Bc = 96).
-  Measured on an AVX-512 Xeon (48 KiB L1d, 2 MiB L2; causal, L = 2048, 8 heads, 2 threads),
-  forward + backward: d = 32 134 ms (Bc = 192) against 198 ms with the earlier rule (half of
-  L2, Br = min(Bc, d): Bc = 1024); d = 64 194 against 280 ms (Bc = 96 against 1024); d = 128
-  354 against 420 ms (Bc = 48 against 512). Bc 64-128 ran within 3 % of one another, 256 and
-  more slower; Br = Bc was 2-5 % faster than Br = min(Bc, d) and than a Br that is no
-  multiple of Bc. On a Zen 4 (32 KiB L1d, 1 MiB L2) Bc from 32 to 512 had run within the
-  noise.
+* **vectorised row passes**: ``exp`` is a polynomial (Cody–Waite reduction, Horner with FMA,
+  exponent added by bit arithmetic) that LLVM vectorises — Numba's ``math.exp`` is a libm call
+  per element (no SVML) — and the row max runs as four independent maxima (LLVM leaves a max
+  reduction scalar here; four chains ran 2× faster);
+* **block sizes from the cache** (:func:`attention_blocks`): the book's rule keeps the tiles a
+  block step touches in the fast memory; with BLAS packing K and V itself, the tile the kernel
+  re-reads is the Br × Bc score tile, kept in a sixteenth of L2 (``Br = Bc = ⌊√(L2/16 /
+  size)⌋``: 176 on a 2 MiB L2). Measured on an AVX-512 Xeon (48 KiB L1d, 2 MiB L2; causal,
+  L = 2048, 8 heads, 2 threads, float32), forward + backward in ms, Br = Bc = 64 / 96 / 128 /
+  160 / 176: d = 32 77 / 56 / 56 / 50 / 51; d = 64 117 / 86-100 / 107-114 / 80-100 / 98;
+  d = 128 195 / 181 / 178 / 160 / 159 (the head dimension barely moves the best size; 128 and
+  256 ran 10-20 % slower than their neighbours). The earlier rule, K and V tiles in L1d
+  (``Bc = ⌊L1d / 2d⌋``: 96 at d = 64, 48 at d = 128), suited the axpy loops, not the products.
 
 Rounding: sums run in the inputs' dtype (the running denominator in float64); a float32 result
 is within a few 1e-7 of float64 exact attention (the tests hold it to 2e-6). A bool mask is
@@ -64,6 +64,7 @@ since 2.5; its log-sum-exp is −∞.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -74,6 +75,7 @@ from numba.extending import overload
 
 from ..engine.numba_cache import CACHE
 from ..engine.passes.fusion.elementwise import numba_intrinsics
+from ..engine.threads import limit_threads
 from ..errors import DTypeError, ShapeError
 from . import cpu_config
 
@@ -107,19 +109,24 @@ class Blocks:
 MIN_BLOCK, MAX_BLOCK = 16, 1024
 
 
+#: The share of a core's L2 the score tile may take (the rest holds BLAS's packed panels).
+L2_SHARE = 16
+
+
 def attention_blocks(e: int, ev: int | None = None, dtype=np.float32,
                      caches: cpu_config.CacheSizes | None = None) -> Blocks:
     """Query and key block sizes for head dimensions ``e`` (queries, keys) and ``ev`` (values).
 
-    The book's (and FlashAttention's) rule: with a fast memory of ``M`` elements, ``Bc =
-    ⌊M / 4d⌋`` keys and ``Br = min(Bc, d)`` queries, so the four d-wide tiles (Q, K, V, O) fit.
-    On a CPU core the tiles re-read for every query row of a block are the key and value tiles
-    (a query's and an output's row are one row each), and the memory the inner loop reads
-    fastest is the L1 data cache: ``M`` = L1d and two tiles, ``Bc = ⌊M / 2d⌋``; the query
-    tile is not held, so ``Br = Bc``: query and key blocks line up on the causal diagonal.
-    (Half of L2 with four tiles, the earlier budget, gave Bc = 1024 on a 2 MiB L2, 25-35 %
-    slower than this rule: see the module docstring.) ``Bc`` is rounded down to a multiple of
-    16 (one AVX-512 vector of float32) and clamped to [16, 1024].
+    The book's (and FlashAttention's) rule sizes the blocks so that what a block step touches
+    stays in the fast memory ``M``: the four d-wide tiles Q, K, V, O, ``Bc = ⌊M / 4d⌋`` keys and
+    ``Br = min(Bc, d)`` queries. These CPU kernels hand the tile products to BLAS, which packs
+    K and V into cache-sized panels of its own; what the kernel itself re-reads is the
+    ``Br × Bc`` score tile — written by ``Q Kᵀ``, read by the row max, the exp-and-sum and the
+    product with V. So the rule here keeps that tile in a share of the core's L2 (``M`` = L2 /
+    :data:`L2_SHARE`, the rest left to BLAS's panels), square so that query and key blocks line
+    up on the causal diagonal: ``Br = Bc = ⌊√(M / size)⌋``, rounded down to a multiple of 16
+    and clamped to [16, 1024]. The head dimension does not enter (measured: see the module
+    docstring); ``e`` and ``ev`` are reported in the rule.
 
     Args:
         e: head dimension of queries and keys.
@@ -130,12 +137,12 @@ def attention_blocks(e: int, ev: int | None = None, dtype=np.float32,
     caches = caches if caches is not None else cpu_config.cache_sizes()
     d = max(e, ev if ev is not None else e, 1)
     size = np.dtype(dtype).itemsize
-    budget = caches.l1d
-    raw = budget // (2 * d * size)
+    budget = caches.l2 // L2_SHARE
+    raw = math.isqrt(budget // size)
     bc = br = int(min(max(raw // 16 * 16, MIN_BLOCK), MAX_BLOCK))
-    rule = (f"M = L1d = {budget >> 10} KiB = {budget // size} {np.dtype(dtype).name} elements "
-            f"(from {caches.source}), the key and value tiles: Bc = ⌊M/2d⌋ = "
-            f"⌊{budget // size}/(2·{d})⌋ = {raw} -> {bc}, Br = Bc = {br}")
+    rule = (f"M = L2/{L2_SHARE} = {budget >> 10} KiB = {budget // size} {np.dtype(dtype).name} "
+            f"elements (L2 {caches.l2 >> 10} KiB from {caches.source}) for the score tile: "
+            f"Br = Bc = ⌊√M⌋ = {raw} -> {bc} (d = {d} does not enter)")
     return Blocks(br, bc, budget, rule)
 
 
@@ -239,45 +246,36 @@ NO_MASK, ADD_MASK = 0, 1
 
 
 @njit(**_JIT)
-def _scores(qb, q_row, kt, srow, bc, e, scale):
-    """``srow[:bc] = scale · q[q_row] · kt[:, :bc]``: axpy's over contiguous rows of the
-    transposed key tile, four rows of it per pass."""
-    for jj in range(bc):
-        srow[jj] = 0.0
-    e4 = e - e % 4
-    for c in range(0, e4, 4):
-        a0 = qb[q_row, c] * scale
-        a1 = qb[q_row, c + 1] * scale
-        a2 = qb[q_row, c + 2] * scale
-        a3 = qb[q_row, c + 3] * scale
-        for jj in range(bc):
-            srow[jj] += a0 * kt[c, jj] + a1 * kt[c + 1, jj] + a2 * kt[c + 2, jj] \
-                + a3 * kt[c + 3, jj]
-    for c in range(e4, e):
-        a0 = qb[q_row, c] * scale
-        for jj in range(bc):
-            srow[jj] += a0 * kt[c, jj]
-
-
-@njit(**_JIT)
-def _apply_mask(srow, bc, row, j0, last, mask, mask_kind):
-    """−∞ at causal positions past ``last``, then the additive mask's row (a bool mask
-    arrives as 0 / −∞)."""
-    for jj in range(max(last - j0 + 1, 0), bc):
-        srow[jj] = -np.inf
+def _mask_scores(srow, nb, scale, row, j0, last, mask, mask_kind):
+    """Scores ``srow[:nb]`` of one row for keys ``j0 ..``: times ``scale`` (unless it is 1),
+    plus the additive mask's row (a bool mask arrives as 0 / −∞). Returns ``n``, the keys left
+    of the causal limit ``last`` (0 ≤ n ≤ nb): only ``srow[:n]`` is touched, the caller treats
+    the rest as masked."""
+    n = min(max(last - j0 + 1, 0), nb)
+    if scale != 1:
+        for jj in range(n):
+            srow[jj] *= scale
     if mask_kind == ADD_MASK:
-        for jj in range(bc):
+        for jj in range(n):
             srow[jj] += mask[row, j0 + jj]
+    return n
 
 
-@njit(cache=CACHE, fastmath={"nnan", "nsz", "reassoc"})
+@njit(cache=CACHE, fastmath={"nnan", "nsz"})
 def _row_max(s, n):
-    """max(s[:n]), n >= 1, in vector lanes (the flags let LLVM split the reduction; a NaN score
-    makes the row NaN whatever this returns)."""
-    mx = s[0]
-    for jj in range(1, n):
-        mx = max(mx, s[jj])
-    return mx
+    """max(s[:n]), n >= 1, as four running maxima (LLVM does not vectorise a max reduction
+    here: Numba's fast-math flags do not reach the ``select`` it compiles to; four independent
+    chains ran 2x faster than one). A NaN score makes the row NaN whatever this returns."""
+    a0 = a1 = a2 = a3 = s[0]
+    n4 = n - n % 4
+    for jj in range(0, n4, 4):
+        a0 = max(a0, s[jj])
+        a1 = max(a1, s[jj + 1])
+        a2 = max(a2, s[jj + 2])
+        a3 = max(a3, s[jj + 3])
+    for jj in range(n4, n):
+        a0 = max(a0, s[jj])
+    return max(max(a0, a1), max(a2, a3))
 
 
 @njit(cache=CACHE, fastmath={"reassoc", "contract"})
@@ -300,78 +298,6 @@ def _exp_shifted(s, n, shift):
 
 
 @njit(**_JIT)
-def _combine_rows(dst, w, src, j0, nb, factor):
-    """``dst[:] += factor · Σ_jj w[jj] · src[j0 + jj, :]`` over ``nb`` rows, four per pass
-    (``P V`` into an output row, ``dS K`` into a dQ row)."""
-    n = dst.shape[0]
-    n4 = nb - nb % 4
-    for jj in range(0, n4, 4):
-        j = j0 + jj
-        a0, a1 = w[jj] * factor, w[jj + 1] * factor
-        a2, a3 = w[jj + 2] * factor, w[jj + 3] * factor
-        for c in range(n):
-            dst[c] += a0 * src[j, c] + a1 * src[j + 1, c] + a2 * src[j + 2, c] \
-                + a3 * src[j + 3, c]
-    for jj in range(n4, nb):
-        a = w[jj] * factor
-        for c in range(n):
-            dst[c] += a * src[j0 + jj, c]
-
-
-@njit(**_JIT)
-def _transpose_block(src, j0, nb, dst):
-    """dst[:, :nb] = src[j0:j0 + nb, :]ᵀ (a key or value tile, made contiguous along keys)."""
-    for jj in range(nb):
-        for c in range(src.shape[1]):
-            dst[c, jj] = src[j0 + jj, c]
-
-
-@njit(**_JIT)
-def _scores2(qb, row, kt, s0, s1, bc, e, scale):
-    """:func:`_scores` for rows ``row`` and ``row + 1`` at once: each load of the key tile
-    serves two rows (8 FMAs per 4 tile loads, 2 loads and 2 stores of the score rows)."""
-    for jj in range(bc):
-        s0[jj] = 0.0
-        s1[jj] = 0.0
-    e4 = e - e % 4
-    for c in range(0, e4, 4):
-        a0, a1 = qb[row, c] * scale, qb[row, c + 1] * scale
-        a2, a3 = qb[row, c + 2] * scale, qb[row, c + 3] * scale
-        b0, b1 = qb[row + 1, c] * scale, qb[row + 1, c + 1] * scale
-        b2, b3 = qb[row + 1, c + 2] * scale, qb[row + 1, c + 3] * scale
-        for jj in range(bc):
-            k0, k1, k2, k3 = kt[c, jj], kt[c + 1, jj], kt[c + 2, jj], kt[c + 3, jj]
-            s0[jj] += a0 * k0 + a1 * k1 + a2 * k2 + a3 * k3
-            s1[jj] += b0 * k0 + b1 * k1 + b2 * k2 + b3 * k3
-    for c in range(e4, e):
-        a0, b0 = qb[row, c] * scale, qb[row + 1, c] * scale
-        for jj in range(bc):
-            s0[jj] += a0 * kt[c, jj]
-            s1[jj] += b0 * kt[c, jj]
-
-
-@njit(**_JIT)
-def _combine_rows2(d0, d1, w0, w1, src, j0, nb):
-    """:func:`_combine_rows` (factor 1) into two rows at once: each row of ``src`` loaded
-    serves both."""
-    n = d0.shape[0]
-    n4 = nb - nb % 4
-    for jj in range(0, n4, 4):
-        j = j0 + jj
-        a0, a1, a2, a3 = w0[jj], w0[jj + 1], w0[jj + 2], w0[jj + 3]
-        b0, b1, b2, b3 = w1[jj], w1[jj + 1], w1[jj + 2], w1[jj + 3]
-        for c in range(n):
-            v0, v1, v2, v3 = src[j, c], src[j + 1, c], src[j + 2, c], src[j + 3, c]
-            d0[c] += a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3
-            d1[c] += b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3
-    for jj in range(n4, nb):
-        a, b = w0[jj], w1[jj]
-        for c in range(n):
-            d0[c] += a * src[j0 + jj, c]
-            d1[c] += b * src[j0 + jj, c]
-
-
-@njit(**_JIT)
 def _online_step(s, nb, m, ell, i, orow):
     """One key block of the (m, l, s) recurrence for row ``i`` whose (masked) scores are in
     ``s``: new max, old sums rescaled by ``exp(m_old − m_new)``, ``s`` turned into the block's
@@ -390,46 +316,56 @@ def _online_step(s, nb, m, ell, i, orow):
 
 
 @njit(**_JIT)
-def _forward_block(qb, kb, vb, mask, mask_kind, causal, scale, i0, i1, bc, kt, s, m, ell, ob,
+def _add_into(dst, src):
+    """dst += src (two C-contiguous 2-D arrays of one shape)."""
+    for i in range(src.shape[0]):
+        for c in range(src.shape[1]):
+            dst[i, c] += src[i, c]
+
+
+@njit(**_JIT)
+def _tile(buffer, rows, cols):
+    """A C-contiguous ``rows × cols`` view on the front of a flat buffer (tiles at the ends of
+    a sequence are smaller than the buffer)."""
+    return buffer[:rows * cols].reshape((rows, cols))
+
+
+@njit(**_JIT)
+def _forward_block(qb, kb, vb, mask, mask_kind, causal, scale, i0, i1, bc, qs, s, pv, m, ell, ob,
                    lse):
-    """Rows i0..i1 of one head: the (m, l, s) recurrence over key blocks of ``bc``; ``ob``
-    holds the running unnormalised output, divided by ``l`` at the end. Rows go two at a time
-    (:func:`_scores2`, :func:`_combine_rows2`) where both see the block."""
+    """Rows i0..i1 of one head: the (m, l, s) recurrence over key blocks of ``bc``. The query
+    tile is scaled once (into ``qs``); per key block the score tile ``Q_i K_jᵀ`` and the tile
+    ``P_ij V_j`` are BLAS products, and each row takes its (m, l, s) step in between over the
+    keys left of its causal limit. ``ob`` holds the running unnormalised output, divided by
+    ``l`` at the end."""
     e, keys, ev = qb.shape[1], kb.shape[0], vb.shape[1]
-    one = scale / scale  # 1 in the inputs' dtype (a literal 1.0 would promote float32)
-    for i in range(i1 - i0):
+    rows = i1 - i0
+    qt = _tile(qs, rows, e)
+    for i in range(rows):
+        for c in range(e):
+            qt[i, c] = qb[i0 + i, c] * scale
         m[i] = -np.inf
         ell[i] = 0.0
         for c in range(ev):
             ob[i0 + i, c] = 0.0
+    one = scale / scale  # 1 in the inputs' dtype
     kend = min(keys, i1) if causal else keys
-    s0, s1 = s[0], s[1]
+    ot = ob[i0:i1]
     for j0 in range(0, kend, bc):
         nb = min(bc, kend - j0)
-        _transpose_block(kb, j0, nb, kt)
-        i = 0
-        while i < i1 - i0:
+        st = _tile(s, rows, nb)
+        np.dot(qt, kb[j0:j0 + nb].T, st)
+        for i in range(rows):
             row = i0 + i
-            last = row if causal else keys
-            if j0 > last:
-                i += 1
-                continue  # the whole block is above the diagonal for this row
-            if i + 1 < i1 - i0:  # row + 1 sees at least what row sees
-                last1 = row + 1 if causal else keys
-                _scores2(qb, row, kt, s0, s1, nb, e, scale)
-                _apply_mask(s0, nb, row, j0, last, mask, mask_kind)
-                _apply_mask(s1, nb, row + 1, j0, last1, mask, mask_kind)
-                _online_step(s0, nb, m, ell, i, ob[row])
-                _online_step(s1, nb, m, ell, i + 1, ob[row + 1])
-                _combine_rows2(ob[row], ob[row + 1], s0, s1, vb, j0, nb)
-                i += 2
-            else:
-                _scores(qb, row, kt, s0, nb, e, scale)
-                _apply_mask(s0, nb, row, j0, last, mask, mask_kind)
-                _online_step(s0, nb, m, ell, i, ob[row])
-                _combine_rows(ob[row], s0, vb, j0, nb, one)
-                i += 1
-    for i in range(i1 - i0):
+            n = _mask_scores(st[i], nb, one, row, j0, row if causal else keys, mask, mask_kind)
+            if n:
+                _online_step(st[i], n, m, ell, i, ot[i])
+            for jj in range(n, nb):
+                st[i, jj] = 0.0
+        pt = _tile(pv, rows, ev)
+        np.dot(st, vb[j0:j0 + nb], pt)
+        _add_into(ot, pt)
+    for i in range(rows):
         row = i0 + i
         if ell[i] > 0.0:
             inv = 1.0 / ell[i]
@@ -452,53 +388,21 @@ def _forward(q, k, v, mask, qi, ki, vi, mi, mask_kind, causal, scale, br, bc, wo
     blocks = (length + br - 1) // br
     items = heads * blocks
     for t in prange(workers):
-        kt = np.empty((q.shape[2], bc), q.dtype)
-        s = np.empty((2, bc), q.dtype)
+        qs = np.empty(br * q.shape[2], q.dtype)
+        s = np.empty(br * bc, q.dtype)
+        pv = np.empty(br * ev, q.dtype)
         m = np.empty(br, q.dtype)
         ell = np.empty(br, np.float64)
         for item in range(t, items, workers):
             h, blk = item // blocks, item % blocks
             i0 = blk * br
             _forward_block(q[qi[h]], k[ki[h]], v[vi[h]], mask[mi[h]], mask_kind, causal, scale,
-                           i0, min(i0 + br, length), bc, kt, s, m, ell, out[h], lse[h])
+                           i0, min(i0 + br, length), bc, qs, s, pv, m, ell, out[h], lse[h])
 
 
 # ------------------------------------------------------------------------------------------------
 # Backward
 # ------------------------------------------------------------------------------------------------
-
-
-@njit(**_JIT)
-def _rank_update(dst, j0, nb, tile, rows, src, i0, factor):
-    """dst[j0 + jj, :] += factor · Σ_i tile[i, jj] · src[i0 + i, :] over the ``rows`` rows of
-    the tile (``dV += Pᵀ dO``, ``dK += dSᵀ Q``): two rows of ``dst`` and four of ``src`` per
-    pass, so each ``src`` row loaded serves two gradient rows."""
-    n = src.shape[1]
-    r4 = rows - rows % 4
-    n2 = nb - nb % 2
-    for jj in range(0, n2, 2):
-        d0, d1 = dst[j0 + jj], dst[j0 + jj + 1]
-        for i in range(0, r4, 4):
-            a0, a1 = tile[i, jj] * factor, tile[i + 1, jj] * factor
-            a2, a3 = tile[i + 2, jj] * factor, tile[i + 3, jj] * factor
-            b0, b1 = tile[i, jj + 1] * factor, tile[i + 1, jj + 1] * factor
-            b2, b3 = tile[i + 2, jj + 1] * factor, tile[i + 3, jj + 1] * factor
-            r = i0 + i
-            for c in range(n):
-                s0, s1, s2, s3 = src[r, c], src[r + 1, c], src[r + 2, c], src[r + 3, c]
-                d0[c] += a0 * s0 + a1 * s1 + a2 * s2 + a3 * s3
-                d1[c] += b0 * s0 + b1 * s1 + b2 * s2 + b3 * s3
-        for i in range(r4, rows):
-            a, b = tile[i, jj] * factor, tile[i, jj + 1] * factor
-            for c in range(n):
-                d0[c] += a * src[i0 + i, c]
-                d1[c] += b * src[i0 + i, c]
-    for jj in range(n2, nb):
-        drow = dst[j0 + jj]
-        for i in range(rows):
-            a = tile[i, jj] * factor
-            for c in range(n):
-                drow[c] += a * src[i0 + i, c]
 
 
 @njit(**_JIT)
@@ -510,65 +414,48 @@ def _dscores(prow, dsrow, nb, d, scale):
 
 @njit(**_JIT)
 def _backward_head(qb, kb, vb, mask, mask_kind, causal, scale, br, bc, ob, lse, gb, dqb, dkb,
-                   dvb, kt, vt, p, ds, dsum):
-    """One head's gradients. Per key block (outer) and query block (inner): P = exp(S - lse)
-    recomputed, dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D) · scale, dQ += dS K,
-    dK += dSᵀ Q; a causal query block wholly above the key block is skipped; rows go two at a
-    time where both have keys."""
+                   dvb, p, ds, t, dsum):
+    """One head's gradients (``dqb``, ``dkb``, ``dvb`` zero on entry). Per key block (outer)
+    and query block (inner), five BLAS products: S = Q Kᵀ and dP = dO Vᵀ, then P = exp(S·scale
+    − lse) and dS = P ∘ (dP − D) · scale row by row, then dV += Pᵀ dO, dK += dSᵀ Q and
+    dQ += dS K; a causal query block wholly above the key block is skipped."""
     length, e = qb.shape
     keys, ev = vb.shape
-    one = scale / scale
     for i in range(length):
         acc = 0.0
         for c in range(ev):
             acc += gb[i, c] * ob[i, c]
         dsum[i] = acc
-        for c in range(e):
-            dqb[i, c] = 0.0
-    for j in range(keys):
-        for c in range(e):
-            dkb[j, c] = 0.0
-        for c in range(ev):
-            dvb[j, c] = 0.0
     for j0 in range(0, keys, bc):
         nb = min(bc, keys - j0)
-        _transpose_block(kb, j0, nb, kt)
-        _transpose_block(vb, j0, nb, vt)
+        kj, vj = kb[j0:j0 + nb], vb[j0:j0 + nb]
         first = (j0 // br) * br if causal else 0
         for i0 in range(first, length, br):
             rows = min(br, length - i0)
-            i = 0
-            while i < rows:
+            qt, gt = qb[i0:i0 + rows], gb[i0:i0 + rows]
+            pt, dst = _tile(p, rows, nb), _tile(ds, rows, nb)
+            np.dot(qt, kj.T, pt)
+            np.dot(gt, vj.T, dst)
+            for i in range(rows):
                 row = i0 + i
-                last = row if causal else keys
-                if j0 > last or lse[row] == -np.inf:
-                    for jj in range(nb):
-                        p[i, jj] = 0.0
-                        ds[i, jj] = 0.0
-                    i += 1
-                    continue
-                last1 = row + 1 if causal else keys
-                if i + 1 < rows and lse[row + 1] != -np.inf:  # two rows share the tile loads
-                    _scores2(qb, row, kt, p[i], p[i + 1], nb, e, scale)
-                    _apply_mask(p[i], nb, row, j0, last, mask, mask_kind)
-                    _apply_mask(p[i + 1], nb, row + 1, j0, last1, mask, mask_kind)
-                    _exp_shifted(p[i], nb, lse[row])
-                    _exp_shifted(p[i + 1], nb, lse[row + 1])
-                    _scores2(gb, row, vt, ds[i], ds[i + 1], nb, ev, one)
-                    _dscores(p[i], ds[i], nb, dsum[row], scale)
-                    _dscores(p[i + 1], ds[i + 1], nb, dsum[row + 1], scale)
-                    _combine_rows2(dqb[row], dqb[row + 1], ds[i], ds[i + 1], kb, j0, nb)
-                    i += 2
-                else:
-                    _scores(qb, row, kt, p[i], nb, e, scale)
-                    _apply_mask(p[i], nb, row, j0, last, mask, mask_kind)
-                    _exp_shifted(p[i], nb, lse[row])
-                    _scores(gb, row, vt, ds[i], nb, ev, one)
-                    _dscores(p[i], ds[i], nb, dsum[row], scale)
-                    _combine_rows(dqb[row], ds[i], kb, j0, nb, one)
-                    i += 1
-            _rank_update(dvb, j0, nb, p, rows, gb, i0, one)
-            _rank_update(dkb, j0, nb, ds, rows, qb, i0, one)
+                n = 0
+                if lse[row] != -np.inf:  # a row with no key has no gradient
+                    n = _mask_scores(pt[i], nb, scale, row, j0, row if causal else keys, mask,
+                                     mask_kind)
+                    _exp_shifted(pt[i], n, lse[row])
+                    _dscores(pt[i], dst[i], n, dsum[row], scale)
+                for jj in range(n, nb):
+                    pt[i, jj] = 0.0
+                    dst[i, jj] = 0.0
+            tv = _tile(t, nb, ev)
+            np.dot(pt.T, gt, tv)
+            _add_into(dvb[j0:j0 + nb], tv)
+            tk = _tile(t, nb, e)
+            np.dot(dst.T, qt, tk)
+            _add_into(dkb[j0:j0 + nb], tk)
+            tq = _tile(t, rows, e)
+            np.dot(dst, kj, tq)
+            _add_into(dqb[i0:i0 + rows], tq)
 
 
 @njit(parallel=True, **_JIT)
@@ -577,15 +464,15 @@ def _backward(q, k, v, mask, qi, ki, vi, mi, mask_kind, causal, scale, br, bc, w
     """Gradients of attention for head h into dq[h], dk[h], dv[h] (per head: the caller sums
     heads that share a broadcast input). Worker w of ``workers`` takes heads w, w + W, ...."""
     heads, length, ev = out.shape
-    for t in prange(workers):
-        kt = np.empty((q.shape[2], bc), q.dtype)
-        vt = np.empty((ev, bc), q.dtype)
-        p = np.empty((br, bc), q.dtype)
-        ds = np.empty((br, bc), q.dtype)
+    e = q.shape[2]
+    for w in prange(workers):
+        p = np.empty(br * bc, q.dtype)
+        ds = np.empty(br * bc, q.dtype)
+        t = np.empty(max(br, bc) * max(e, ev), q.dtype)
         dsum = np.empty(length, q.dtype)
-        for h in range(t, heads, workers):
+        for h in range(w, heads, workers):
             _backward_head(q[qi[h]], k[ki[h]], v[vi[h]], mask[mi[h]], mask_kind, causal, scale,
-                           br, bc, out[h], lse[h], g[h], dq[h], dk[h], dv[h], kt, vt, p, ds, dsum)
+                           br, bc, out[h], lse[h], g[h], dq[h], dk[h], dv[h], p, ds, t, dsum)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -706,15 +593,25 @@ def _threads(items):
 
 
 WORKERS_PER_THREAD = 4
+#: A BLAS splits one product over its own threads above some size (OpenBLAS: M·N·K above
+#: 2**18). The kernels' tile products run inside Numba's threads, so when a tile product is
+#: larger than this the BLAS is held at one thread for the call (some 20 µs through
+#: threadpoolctl; a decoding step's one-row tiles stay below it and pay nothing).
+BLAS_SPLIT = 1 << 16
 
 
-def _run_parallel(kernel, items, *args):
+def _run_parallel(kernel, items, tile, *args):
     """``kernel(*args[:-1], workers, *args[-1])`` with ``workers`` = up to 4 per thread, handed
     to threads one at a time (Numba's dynamic chunks of 1): on a busy machine a preempted thread
     delays a quarter of its share, not the whole call. (The count is an argument because
-    ``numba.get_num_threads()`` inside a kernel keeps it out of the disk cache.)"""
+    ``numba.get_num_threads()`` inside a kernel keeps it out of the disk cache.) ``tile`` is
+    the size M·N·K of the kernel's largest tile product (see :data:`BLAS_SPLIT`)."""
     workers = max(min(items, WORKERS_PER_THREAD * numba.get_num_threads()), 1)
-    with numba.parallel_chunksize(1):
+    blas = contextlib.nullcontext()
+    if tile > BLAS_SPLIT:
+        import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls in Numba: limit it too
+        blas = limit_threads(blas=1)
+    with numba.parallel_chunksize(1), blas:
         kernel(*args[:-1], workers, *args[-1])
 
 
@@ -751,7 +648,8 @@ def attention_forward(q, k, v, attn_mask=None, *, is_causal=False, scale=None, e
     if heads and L:
         br, bc = pb.blocks.br, pb.blocks.bc
         items = heads * -(-L // br)
-        _run_parallel(_forward, items, pb.q, pb.k, pb.v, pb.mask, pb.qi, pb.ki, pb.vi, pb.mi,
+        tile = br * bc * max(pb.q.shape[2], ev)
+        _run_parallel(_forward, items, tile, pb.q, pb.k, pb.v, pb.mask, pb.qi, pb.ki, pb.vi, pb.mi,
                       pb.mask_kind, pb.causal, pb.scale, br, bc,
                       (out.reshape(heads, L, ev), lse.reshape(heads, L)))
     return out, lse
@@ -797,7 +695,8 @@ def attention_backward(g, q, k, v, out, lse, attn_mask=None, *, is_causal=False,
     if heads and L and S:
         flat = [np.ascontiguousarray(a, dtype).reshape((heads,) + a.shape[len(pb.batch):])
                 for a in (out, lse, g)]
-        _run_parallel(_backward, heads, pb.q, pb.k, pb.v, pb.mask, pb.qi, pb.ki, pb.vi, pb.mi,
+        tile = pb.blocks.br * pb.blocks.bc * max(e, ev)
+        _run_parallel(_backward, heads, tile, pb.q, pb.k, pb.v, pb.mask, pb.qi, pb.ki, pb.vi, pb.mi,
                       pb.mask_kind, pb.causal, pb.scale, pb.blocks.br, pb.blocks.bc,
                       (*flat, dq, dk, dv))
     q, k, v = (np.asarray(a) for a in (q, k, v))
@@ -832,20 +731,20 @@ def attention_grad_out(out, g, q, k, v, *mask, is_causal=False, scale=None, enab
         start += d.size
 
 
-def backward_workspace(avals, out, attrs=None, threads: int | None = None) -> int:
-    """Bytes :func:`attention_grad_out` holds besides its inputs and output: the recomputed
-    forward's workspace (:func:`forward_workspace`, including the row log-sum-exp) and its
-    output (shaped like ``g``); the backward's per-head rows are O(L) too. Never L × S."""
-    g = avals[0]
-    return forward_workspace(avals[1:], g, attrs, threads) + int(
-        math.prod(g.shape) * np.dtype(g.dtype).itemsize)
+def _tile_bytes(e, ev, length, keys, dtype):
+    """Per-thread tile bytes of the forward and of the backward kernel, and their blocks."""
+    b = fitted_blocks(e, ev, length, keys, dtype)
+    size = np.dtype(dtype).itemsize
+    forward = (b.br * (e + b.bc + ev + 1)) * size + b.br * 8  # qs, s, pv, m; ell in float64
+    backward = (2 * b.br * b.bc + max(b.br, b.bc) * max(e, ev) + length) * size  # p, ds, t, dsum
+    return forward, backward, b
 
 
 def forward_workspace(avals, out, attrs=None, threads: int | None = None) -> int:
-    """Bytes :func:`attention_out` holds besides its inputs and output: per thread a transposed
-    key tile (E × Bc), two score rows (2 × Bc) and the running max and sum (Br each); the row
-    log-sum-exp (heads × L); the per-head index arrays; and a bool mask turned into 0 / −∞ (the
-    mask's own size in q's dtype). O(L), never L × S.
+    """Bytes :func:`attention_out` holds besides its inputs and output: per thread the scaled
+    query tile (Br × E), the score tile (Br × Bc), the product tile (Br × Ev) and the running
+    max and sum (Br each); the row log-sum-exp (heads × L); the per-head index arrays; and a
+    bool mask turned into 0 / −∞ (the mask's own size in q's dtype). O(L), never L × S.
 
     Args:
         avals: the inputs' shapes and dtypes (q, k, v[, mask]).
@@ -853,17 +752,33 @@ def forward_workspace(avals, out, attrs=None, threads: int | None = None) -> int
         attrs: the node's attributes (unused: the sizes do not depend on them).
         threads: the threads the kernel runs on (default Numba's current count).
     """
-    q, v = avals[0], avals[2]
+    q, k, v = avals[:3]
     size = np.dtype(q.dtype).itemsize
     heads, L = math.prod(out.shape[:-2]), out.shape[-2]
     if not heads or not L:
         return 0
-    e = q.shape[-1]
-    blocks = fitted_blocks(e, v.shape[-1], L, avals[1].shape[-2], q.dtype)
-    items = heads * -(-L // blocks.br)
+    per_thread, _, b = _tile_bytes(q.shape[-1], v.shape[-1], L, k.shape[-2], q.dtype)
+    items = heads * -(-L // b.br)
     threads = _threads(items) if threads is None else max(min(threads, items), 1)
-    per_thread = (e * blocks.bc + 2 * blocks.bc + blocks.br) * size + blocks.br * 8
     total = threads * per_thread + heads * L * size + 4 * heads * 8
     if len(avals) == 4 and np.dtype(avals[3].dtype) == np.bool_:
         total += math.prod(avals[3].shape) * size
+    return int(total)
+
+
+def backward_workspace(avals, out, attrs=None, threads: int | None = None) -> int:
+    """Bytes :func:`attention_grad_out` holds besides its inputs and output: the recomputed
+    forward's output (shaped like ``g``) and what :func:`forward_workspace` counts (the row
+    log-sum-exp lives on), the per-head gradients before they are summed into ``out``
+    (heads × (L·E + S·E + S·Ev)), and per thread the backward's tiles (P and dS, Br × Bc each;
+    a product tile; the row sums D, L). O(L), never L × S."""
+    g, q, k, v = avals[:4]
+    heads, L = math.prod(g.shape[:-2]), g.shape[-2]
+    size = np.dtype(g.dtype).itemsize
+    S, e, ev = k.shape[-2], q.shape[-1], v.shape[-1]
+    total = forward_workspace(avals[1:], g, attrs, threads) + math.prod(g.shape) * size
+    if heads and L and S:
+        _, per_thread, _ = _tile_bytes(e, ev, L, S, g.dtype)
+        threads = _threads(heads) if threads is None else max(min(threads, heads), 1)
+        total += heads * (L * e + S * e + S * ev) * size + threads * per_thread
     return int(total)

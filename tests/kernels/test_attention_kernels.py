@@ -142,21 +142,24 @@ def test_bad_shapes_and_dtypes_name_the_op():
 
 
 def test_blocks_follow_the_books_rule():
-    """Bc = floor(M / 2d) with M = L1d (the key and value tiles), Br = Bc (aligned on the
-    causal diagonal); multiples of 16, clamped. A rule read off L2 (the earlier one) gives
-    other sizes for both caches."""
+    """Br = Bc = floor(sqrt(M / size)) with M = L2 / 16 (the score tile the kernel re-reads
+    between its BLAS products), whatever the head dimension; multiples of 16, clamped. The
+    earlier rules (K and V tiles in L1d, Bc = floor(L1d / 2d); or half of L2) give other sizes
+    on both machines."""
     xeon = CacheSizes(l1d=48 << 10, l2=2 << 20, l3=32 << 20, source="test")
     b = A.attention_blocks(64, dtype=np.float32, caches=xeon)
-    assert (b.br, b.bc, b.budget) == (96, 96, 48 << 10) and "⌊M/2d⌋" in b.rule
-    assert (A.attention_blocks(128, caches=xeon).br, A.attention_blocks(128, caches=xeon).bc) \
-        == (48, 48)
-    assert A.attention_blocks(64, dtype=np.float64, caches=xeon).bc == 48
-    zen4 = CacheSizes(l1d=32 << 10, l2=1 << 20, l3=32 << 20, source="test")
-    assert A.attention_blocks(64, caches=zen4).bc == 64
-    assert A.attention_blocks(32, caches=zen4).bc == 128  # 32768 / (2·32·4)
-    small = CacheSizes(l1d=4 << 10, l2=64 << 10, l3=1 << 20, source="test")
+    assert (b.br, b.bc, b.budget) == (176, 176, 128 << 10) and "⌊√M⌋ = 181" in b.rule
+    assert (A.attention_blocks(128, caches=xeon).br, A.attention_blocks(32, caches=xeon).bc) \
+        == (176, 176)
+    assert A.attention_blocks(64, dtype=np.float64, caches=xeon).bc == 128  # sqrt(16384)
+    zen3 = CacheSizes(l1d=32 << 10, l2=512 << 10, l3=32 << 20, source="test")
+    assert A.attention_blocks(64, caches=zen3).bc == 80  # floor(sqrt(8192)) = 90 -> 80
+    zen5 = CacheSizes(l1d=48 << 10, l2=1 << 20, l3=32 << 20, source="test")
+    assert A.attention_blocks(64, caches=zen5).bc == 128
+    small = CacheSizes(l1d=4 << 10, l2=16 << 10, l3=1 << 20, source="test")
     assert A.attention_blocks(256, caches=small).bc == A.MIN_BLOCK
-    assert A.attention_blocks(2, caches=zen4).bc == A.MAX_BLOCK
+    huge = CacheSizes(l1d=48 << 10, l2=256 << 20, l3=1 << 30, source="test")
+    assert A.attention_blocks(2, caches=huge).bc == A.MAX_BLOCK
     assert A.fitted_blocks(64, 64, 3, 20).br == 3 and A.fitted_blocks(64, 64, 3, 20).bc == 32
 
 
@@ -259,7 +262,13 @@ def test_a_compiled_gradient_runs_the_tiled_backward_kernel():
         np.testing.assert_allclose(got, ref, atol=5e-6)
     declared = A.backward_workspace([x.aval for x in node.inputs], node.outputs[0].aval)
     assert declared in [r.size for r in c.lifetimes if isinstance(r.id, memory.Workspace)]
-    assert declared < 37 * 37 * 4 * 2  # not an L x S matrix per head
+
+    def at(length):  # 8 heads of d = 64: affine in L, so no L x S matrix hides in it
+        aval = AVal((1, 8, length, 64), np.dtype(np.float32))
+        return A.backward_workspace([aval] * 4, AVal((3 * 8 * length * 64,), aval.dtype),
+                                    threads=2)
+
+    assert at(4096) - at(2048) == 2 * (at(2048) - at(1024)) > 0
 
 
 def test_cuda_selection_picks_the_cuda_kernel():
