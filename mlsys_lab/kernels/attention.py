@@ -348,7 +348,7 @@ def _forward_block(qb, kb, vb, mask, mask_kind, causal, scale, i0, i1, bc, qs, s
         ell[i] = 0.0
         for c in range(ev):
             ob[i0 + i, c] = 0.0
-    one = scale / scale  # 1 in the inputs' dtype
+    one = qb.dtype.type(1)  # 1 in the inputs' dtype (scale / scale would be NaN at scale 0)
     kend = min(keys, i1) if causal else keys
     ot = ob[i0:i1]
     for j0 in range(0, kend, bc):

@@ -93,6 +93,18 @@ def test_default_blocks_and_a_given_scale():
         _close(got, want, np.float32, "grad")
 
 
+def test_scale_zero_gives_uniform_weights():
+    """scale = 0: every key weighs alike (a kernel that makes its 1 as scale / scale gets NaN)."""
+    q, k, v, mask, g, attrs = _case(CASES[1], np.float32, seed=5)
+    attrs = dict(attrs, scale=0.0)
+    out, lse = A.attention_forward(q, k, v, mask, blocks=SMALL, **attrs)
+    want_out, _, want_grads = _reference(q, k, v, mask, g, attrs)
+    _close(out, want_out, np.float32, "out")
+    for got, want in zip(A.attention_backward(g, q, k, v, out, lse, mask, blocks=SMALL, **attrs),
+                         want_grads):
+        _close(got, want, np.float32, "grad")
+
+
 def test_fully_masked_rows_and_empty_sequences_as_the_reference():
     """A row with no key: output 0, lse -inf, no gradient; L = 0, S = 0 and E = 0 work."""
     q, k, v, mask, g, attrs = _case(CASES[6], np.float32)
