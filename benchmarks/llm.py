@@ -2,6 +2,8 @@
 batching, speculative decoding, weight-only int8 — side by side in one run.
 
     python benchmarks/llm.py [--quick] [--threads 1]
+    python benchmarks/llm.py --gpu      # the CUDA attention kernel on a real GPU only: writes
+                                        # benchmarks/results/gpu_attention.json, exits 2 without one
 
 Prints:
 
@@ -218,7 +220,16 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--weights", default=llm.WEIGHTS, help="a file the training wrote")
+    parser.add_argument("--gpu", action="store_true",
+                        help="only time the CUDA attention kernel on a real GPU "
+                             "(benchmarks/llm_attention.py --gpu: writes its results file)")
     args = parser.parse_args()
+    if args.gpu:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import llm_attention
+
+        llm_attention.main(["--gpu"] + (["--quick"] if args.quick else []))
+        return
     with threadpool_limits(args.threads), ml.no_grad():
         print(f"# LLM inference benchmark ({load()})")
         print("\n## 1. attention")
