@@ -198,6 +198,21 @@ def test_every_route_from_the_students_code_is_refused(route):
     _refused(result, "posix" if route == "c_function" else "fakesolver")
 
 
+def test_a_method_of_the_same_name_on_another_class_gets_its_own_verdict():
+    """The guard keeps its verdict on a C method per (owner's class, name): a permitted
+    ``BytesIO.close`` called first must not let ``epoll.close`` (select: not in the base)
+    through under the same name."""
+    mean = _cell("""
+import io, select
+def mean(xs):
+    for _ in range(3):
+        io.BytesIO().close()
+    select.epoll().close()
+    return sum(xs) / len(xs)
+""")
+    _refused(run_cases("96.1", mean, seed=1), "select")
+
+
 def test_a_collector_callback_of_another_package_is_not_the_students_call():
     """The collector runs ``gc.callbacks`` from whatever frame allocated when a collection
     began; with the student's code allocating, that frame is the student's, but the student

@@ -1258,6 +1258,7 @@ def _c_module(builtin: Any) -> str | None:
 
 
 _FORBIDDEN, _TAMPER, _DISPATCH, _SPAWN, _START = 1, 2, 3, 4, 5
+_UNKNOWN = object()
 
 
 class Guard:
@@ -1299,6 +1300,7 @@ class Guard:
         allowed = plan.get("allowed")
         self._allowed = _allowlist(allowed) if allowed is not None else None
         self._permitted: dict[str, bool] = {}
+        self._c_verdicts: dict[tuple, tuple | None] = {}  # see ``_on_c_call``
         self._c_funcs: dict[str, dict[str, str]] = {}
         for e in plan.get("builtins", ()):
             self._c_funcs.setdefault(e["name"], {})[e["owner"]] = e["label"]
@@ -1556,12 +1558,26 @@ class Guard:
             back = back.f_back
 
     def _on_c_call(self, builtin) -> None:
-        """The student's code calls a C function: refuse it when its module is not allowed."""
-        module = _c_module(builtin)
-        if module is not None:
-            foreign = self._foreign_label(module, getattr(builtin, "__name__", "?"))
-            if foreign is not None:
-                self._on_forbidden(foreign[:2])
+        """The student's code calls a C function: refuse it when its module is not allowed.
+
+        The verdict is kept per (the owner's class, or the owning module or class itself, and
+        the name): ``xs.append`` is a new bound method at every call, and finding the class
+        that defines it walks the owner's MRO."""
+        owner = getattr(builtin, "__self__", None)
+        name = getattr(builtin, "__name__", None)
+        key = (owner if owner is None or isinstance(owner, (type, types.ModuleType))
+               else type(owner), name, getattr(builtin, "__module__", None))
+        try:
+            foreign = self._c_verdicts.get(key, _UNKNOWN)
+        except TypeError:  # an unhashable owner
+            foreign, key = _UNKNOWN, None
+        if foreign is _UNKNOWN:
+            module = _c_module(builtin)
+            foreign = None if module is None else self._foreign_label(module, name or "?")
+            if key is not None:
+                self._c_verdicts[key] = foreign
+        if foreign is not None:
+            self._on_forbidden(foreign[:2])
 
     def _student_caller(self, frame) -> bool:
         """Whether the function running in ``frame`` was called by the student's code, directly
