@@ -1258,7 +1258,6 @@ def _c_module(builtin: Any) -> str | None:
 
 
 _FORBIDDEN, _TAMPER, _DISPATCH, _SPAWN, _START = 1, 2, 3, 4, 5
-_UNKNOWN = object()
 
 
 class Guard:
@@ -1300,7 +1299,7 @@ class Guard:
         allowed = plan.get("allowed")
         self._allowed = _allowlist(allowed) if allowed is not None else None
         self._permitted: dict[str, bool] = {}
-        self._c_verdicts: dict[tuple, tuple | None] = {}  # see ``_on_c_call``
+        self._c_verdicts: dict[tuple, tuple] = {}  # see ``_on_c_call``
         self._c_funcs: dict[str, dict[str, str]] = {}
         for e in plan.get("builtins", ()):
             self._c_funcs.setdefault(e["name"], {})[e["owner"]] = e["label"]
@@ -1560,22 +1559,25 @@ class Guard:
     def _on_c_call(self, builtin) -> None:
         """The student's code calls a C function: refuse it when its module is not allowed.
 
-        The verdict is kept per (the owner's class, or the owning module or class itself, and
-        the name): ``xs.append`` is a new bound method at every call, and finding the class
-        that defines it walks the owner's MRO."""
+        The verdict is kept per (the owner's class, or the owning module or class itself; the
+        name; ``__module__``): ``xs.append`` is a new bound method at every call, and finding
+        the class that defines it walks the owner's MRO. The table is keyed by ``id`` and
+        checks identity, so no hash or ``==`` of the student's objects runs inside the hook."""
         owner = getattr(builtin, "__self__", None)
+        if owner is not None and not isinstance(owner, (type, types.ModuleType)):
+            owner = type(owner)
         name = getattr(builtin, "__name__", None)
-        key = (owner if owner is None or isinstance(owner, (type, types.ModuleType))
-               else type(owner), name, getattr(builtin, "__module__", None))
-        try:
-            foreign = self._c_verdicts.get(key, _UNKNOWN)
-        except TypeError:  # an unhashable owner
-            foreign, key = _UNKNOWN, None
-        if foreign is _UNKNOWN:
+        module_attr = getattr(builtin, "__module__", None)
+        key = (id(owner), name, id(module_attr)) if type(name) is str else None
+        known = self._c_verdicts.get(key) if key is not None else None
+        if known is not None and known[0] is owner and known[1] is module_attr:
+            foreign = known[2]
+        else:
             module = _c_module(builtin)
-            foreign = None if module is None else self._foreign_label(module, name or "?")
-            if key is not None:
-                self._c_verdicts[key] = foreign
+            foreign = None if module is None else self._foreign_label(
+                module, name if type(name) is str else "?")
+            if key is not None:  # the entry holds owner and module: their ids stay theirs
+                self._c_verdicts[key] = (owner, module_attr, foreign)
         if foreign is not None:
             self._on_forbidden(foreign[:2])
 
