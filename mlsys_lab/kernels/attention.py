@@ -45,10 +45,11 @@ What the kernels do to be fast (a kernel docstring states what it must have, as 
   re-reads is the Br × Bc score tile, kept in a sixteenth of L2 (``Br = Bc = ⌊√(L2/16 /
   size)⌋``: 176 on a 2 MiB L2). Measured on an AVX-512 Xeon (48 KiB L1d, 2 MiB L2; causal,
   L = 2048, 8 heads, 2 threads, float32), forward + backward in ms, Br = Bc = 64 / 96 / 128 /
-  160 / 176: d = 32 77 / 56 / 56 / 50 / 51; d = 64 117 / 86-100 / 107-114 / 80-100 / 98;
-  d = 128 195 / 181 / 178 / 160 / 159 (the head dimension barely moves the best size; 128 and
-  256 ran 10-20 % slower than their neighbours). The earlier rule, K and V tiles in L1d
-  (``Bc = ⌊L1d / 2d⌋``: 96 at d = 64, 48 at d = 128), suited the axpy loops, not the products.
+  160 / 176 (ranges: repeated sweeps): d = 32 77 / 56-66 / 56 / 50-62 / 51; d = 64 100-117 /
+  86-100 / 107-114 / 80-102 / 98; d = 128 195 / 181-192 / 178 / 160-176 / 159 (the head
+  dimension barely moves the best size; 128 and 256 ran slower than their neighbours). The
+  earlier rule, K and V tiles in L1d (``Bc = ⌊L1d / 2d⌋``: 96 at d = 64, 48 at d = 128), suited
+  the axpy loops, not the products.
 
 Rounding: sums run in the inputs' dtype (the running denominator in float64); a float32 result
 is within a few 1e-7 of float64 exact attention (the tests hold it to 2e-6). A bool mask is
