@@ -57,6 +57,7 @@ import mlsys_lab as ml
 from mlsys_lab import llm, timing
 from mlsys_lab.llm import simulator, speculative, text
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # llm_attention, beside this file
 KV_TOKENS, MAX_LEN, BLOCK = 16384, 1024, 16
 BIG = llm.GPTConfig(context=512, layers=4, dim=256, heads=4)
 WATERMARK = 0.05  # paged admission keeps 5 % of the blocks free (1 %: 51 preemptions, -7 %)
@@ -67,7 +68,6 @@ def load():
 
 
 def attention_section(quick):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
         from llm_attention import attention_rows
     except ImportError as e:
@@ -225,7 +225,6 @@ def main():
                              "(benchmarks/llm_attention.py --gpu: writes its results file)")
     args = parser.parse_args()
     if args.gpu:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import llm_attention
 
         llm_attention.main(["--gpu"] + (["--quick"] if args.quick else []))

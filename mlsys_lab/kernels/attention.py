@@ -319,7 +319,8 @@ def _online_step(s, nb, m, ell, i, orow):
 
 @njit(**_JIT)
 def _add_into(dst, src):
-    """dst += src (two C-contiguous 2-D arrays of one shape)."""
+    """dst += src (two C-contiguous 2-D arrays of one shape; Numba's own ``dst += src`` on
+    these slices made the backward some 15 % slower)."""
     for i in range(src.shape[0]):
         for c in range(src.shape[1]):
             dst[i, c] += src[i, c]
