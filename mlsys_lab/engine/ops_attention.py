@@ -159,7 +159,12 @@ def attention_scores(q, k, mask=None, *, is_causal=False, scale=None, enable_gqa
     s = np.matmul(q, np.swapaxes(k, -1, -2))
     s *= np.asarray(scale, s.dtype)
     if mask is not None:
-        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+        if mask.dtype != bool:
+            s = s + mask
+        elif np.broadcast_shapes(mask.shape, s.shape) == s.shape:
+            np.copyto(s, s.dtype.type(-np.inf), where=~mask)  # s is fresh: mask in place
+        else:  # a mask with more batch than q and k (v's)
+            s = np.where(mask, s, -np.inf)
     if is_causal:
         s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
     return s.astype(q.dtype, copy=False)
@@ -167,17 +172,19 @@ def attention_scores(q, k, mask=None, *, is_causal=False, scale=None, enable_gqa
 
 def _row_softmax(s):
     """Stable softmax over the last axis, zeros in a row with no finite score; and the row
-    log-sum-exp (``-inf`` there)."""
+    log-sum-exp (``-inf`` there). Two passes over the scores after the max (``exp`` in place,
+    one division): a dead row's ``exp`` is all zeros, so dividing it by 1 keeps it zero."""
     with np.errstate(invalid="ignore", divide="ignore"):
         if s.shape[-1] == 0:
             m = np.full(s.shape[:-1] + (1,), -np.inf, s.dtype)
         else:
             m = np.max(s, axis=-1, keepdims=True)
-        shift = np.where(np.isneginf(m), 0, m).astype(s.dtype)  # a dead row: exp(-inf) = 0
-        e = np.exp(s - shift)
-        total = np.sum(e, axis=-1, keepdims=True)
-        p = np.where(total == 0, 0, e / np.where(total == 0, 1, total)).astype(s.dtype)
-        lse = (shift + np.log(total))[..., 0].astype(s.dtype)
+        shift = np.where(np.isneginf(m), s.dtype.type(0), m)  # a dead row: exp(-inf) = 0
+        p = np.subtract(s, shift, dtype=s.dtype)
+        np.exp(p, out=p)
+        total = np.sum(p, axis=-1, keepdims=True)
+        p /= np.where(total == 0, total.dtype.type(1), total)
+        lse = (shift + np.log(total))[..., 0].astype(s.dtype, copy=False)
     return p, lse
 
 

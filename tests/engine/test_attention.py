@@ -60,6 +60,21 @@ def test_bool_mask_equals_an_additive_minus_inf_mask():
                                rtol=1e-14)
 
 
+def test_a_bool_mask_with_the_batch_of_v_only_broadcasts_the_scores():
+    # q and k have one batch entry, v and the mask two: the scores are masked per v's entry
+    # (the reference masks a fresh score array in place only when the mask fits it)
+    q, k, _ = qkv(batch=(1,))
+    v = np.random.default_rng(3).standard_normal((2, 5, 2))
+    m = np.random.default_rng(4).random((2, 4, 5)) > 0.4
+    m[..., 0] = True
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(3)
+    want = []
+    for i in range(2):
+        p = np.where(m[i], np.exp(s[0] - s[0].max(-1, keepdims=True)), 0.0)
+        want.append((p / p.sum(-1, keepdims=True)) @ v[i])
+    np.testing.assert_allclose(SDPA(q, k, v, m).numpy(), np.stack(want), rtol=1e-12)
+
+
 def test_additive_mask_shifts_the_scores():
     q, k, v = qkv()
     bias = np.random.default_rng(2).standard_normal((4, 5))
