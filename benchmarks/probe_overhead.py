@@ -17,10 +17,12 @@ Rounds alternate plain and probed; the best of each is kept. Prints per notebook
 probed (probes only) and the ratio (probed + seal) / plain, the figure the target (<= 1.5x)
 applies to; the seal is also the part every kernel pays once per notebook.
 
-Two floors, each the plain run with a stand-in for the guard, as ratios to plain: ``no-op
-hook``, a ``sys.setprofile`` hook that does nothing (what any guard built on a profile hook pays,
-on every Python), and on Python 3.12+ ``monitoring``, ``sys.monitoring`` events switched off per
-code location after their first (what a guard deciding once per location would pay).
+Floors, each the plain run with a stand-in for the guard, as ratios to plain: ``no-op hook``,
+a ``sys.setprofile`` hook that does nothing (what any guard built on a Python profile hook pays,
+on every Python); ``C no-op``, a native profile function that returns at once (what even a
+guard whose hook were written in C would pay); and on Python 3.12+ ``monitoring``,
+``sys.monitoring`` events switched off per code location after their first (what a guard
+deciding once per location would pay).
 
 ``--grade`` also times ``mlsys-lab grade`` of the solutions notebook (a fresh kernel, the
 notebook run, every check; best of ``--rounds``) and prints the guard's whole cost, probed +
@@ -105,8 +107,9 @@ def _child(notebook: str, rounds: int) -> dict:
                 raise SystemExit(f"{notebook} {e.id} probed: {result.report()}")
         return time.perf_counter() - start
 
-    floors = [("no-op hook", _NoOpHook)] + ([("monitoring", _Monitoring)]
-                                            if hasattr(sys, "monitoring") else [])
+    floors = [("no-op hook", _NoOpHook), ("C no-op", _CNoOpHook)] + (
+        [("monitoring", _Monitoring)]
+        if hasattr(sys, "monitoring") else [])
     times: dict[str, list[float]] = {"plain": [], "probed": []}
     for _ in range(rounds):
         times["plain"].append(plain())
@@ -142,6 +145,37 @@ class _NoOpHook(_Unwatched):
             return None
 
         sys.setprofile(hook)
+        try:
+            yield self
+        finally:
+            sys.setprofile(None)
+
+
+class _CNoOpHook(_Unwatched):
+    """The floor of any guard on a profile hook, even one written in C: a native function
+    (compiled by Numba, installed with ``PyEval_SetProfile``) that returns at once. No
+    trampoline, no Python frame per event; what remains is the interpreter's own slower path
+    while any profile function is set (on 3.11 it stops using its specialised instructions)."""
+
+    _address = None
+
+    @classmethod
+    def _install(cls):
+        import ctypes
+
+        from numba import cfunc, types
+
+        if cls._address is None:
+            sig = types.int32(types.voidptr, types.voidptr, types.int32, types.voidptr)
+            cls._noop = cfunc(sig)(lambda obj, frame, what, arg: 0)
+            cls._address = cls._noop.address
+            ctypes.pythonapi.PyEval_SetProfile.argtypes = [ctypes.c_void_p, ctypes.py_object]
+            ctypes.pythonapi.PyEval_SetProfile.restype = None
+        return ctypes.pythonapi.PyEval_SetProfile
+
+    @contextlib.contextmanager
+    def watching(self):
+        self._install()(self._address, self)
         try:
             yield self
         finally:
@@ -191,7 +225,7 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}, "
           f"rounds: {args.rounds}")
     print(f"{'notebook':8} {'plain s':>8} {'seal s':>7} {'probed s':>9} {'ratio':>6} "
-          f"{'ratio w/o seal':>14} {'no-op hook':>10} {'monitoring':>11}"
+          f"{'ratio w/o seal':>14} {'no-op hook':>10} {'C no-op':>8} {'monitoring':>11}"
           + (f"{'grade s':>9} {'guard share':>11}" if args.grade else ""))
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1",
@@ -205,7 +239,8 @@ def main() -> None:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         ratio = (r["probed"] + r["seal"]) / r["plain"]
         line = (f"{name:8} {r['plain']:8.3f} {r['seal']:7.3f} {r['probed']:9.3f} {ratio:5.2f}x "
-                f"{r['probed'] / r['plain']:13.2f}x {r['no-op hook'] / r['plain']:9.2f}x")
+                f"{r['probed'] / r['plain']:13.2f}x {r['no-op hook'] / r['plain']:9.2f}x "
+                f"{r['C no-op'] / r['plain']:7.2f}x")
         line += f" {r['monitoring'] / r['plain']:10.2f}x" if "monitoring" in r else f" {'-':>11}"
         if args.grade:
             seconds = _grade_seconds(name, args.rounds, env)

@@ -943,7 +943,8 @@ def _changed(old: tuple, new: Any) -> bool:
     return False
 
 
-_CODE = operator.attrgetter("__code__", "__defaults__", "__kwdefaults__")
+_GET_CODE, _GET_DEFAULTS, _GET_KWDEFAULTS = map(operator.attrgetter, (
+    "__code__", "__defaults__", "__kwdefaults__"))
 
 
 class _Frozen:
@@ -954,8 +955,8 @@ class _Frozen:
     Only when it is False does ``tampered`` walk the namespaces one by one to name what
     changed."""
 
-    __slots__ = ("names", "modules", "spaces", "keys", "values", "functions", "code", "classes",
-                 "sizes")
+    __slots__ = ("names", "modules", "spaces", "keys", "values", "functions", "code", "defaults",
+                 "kwdefaults", "classes", "sizes")
 
     def __init__(self, modules: dict[str, tuple], classes: dict[str, tuple]):
         self.names = tuple(modules)
@@ -972,9 +973,11 @@ class _Frozen:
                 values.append(old[0])
                 if old[1] is not None:
                     functions.append(_function_of(old[0]))
-                    code.extend(old[1:])  # code, defaults, kwdefaults
+                    code.append(old[1:])  # code, defaults, kwdefaults
         self.spaces, self.keys, self.values = tuple(spaces), tuple(keys), tuple(values)
-        self.functions, self.code = tuple(functions), tuple(code)
+        self.functions = tuple(functions)
+        self.code, self.defaults, self.kwdefaults = (tuple(c) for c in zip(*code)) if code \
+            else ((), (), ())
         self.classes = tuple(vars(cls) for cls, _ in classes.values())
         self.sizes = tuple(map(len, self.classes))
 
@@ -983,13 +986,19 @@ class _Frozen:
         if not all(map(is_, map(sys.modules.get, self.names, self.modules), self.modules)):
             return False
         try:
-            now = tuple(map(operator.getitem, self.spaces, self.keys))
+            if not all(map(is_, map(operator.getitem, self.spaces, self.keys), self.values)):
+                return False
         except KeyError:  # a name was deleted
             return False
-        if not all(map(is_, now, self.values)) or tuple(map(len, self.classes)) != self.sizes:
+        if tuple(map(len, self.classes)) != self.sizes:
             return False
-        code = itertools.chain.from_iterable(map(_CODE, self.functions))
-        return all(map(is_, code, self.code))
+        # ``==`` of two tuples of code objects: an item compares by identity first, then by
+        # content (C only: ``__code__`` holds nothing but a code object, and ``code`` cannot be
+        # subclassed), and equal code runs alike. Defaults are compared by identity: ``==``
+        # would run a replaced default's ``__eq__``.
+        return (tuple(map(_GET_CODE, self.functions)) == self.code
+                and all(map(is_, map(_GET_DEFAULTS, self.functions), self.defaults))
+                and all(map(is_, map(_GET_KWDEFAULTS, self.functions), self.kwdefaults)))
 
 
 def _module_members(name: str, members: dict[str, tuple]) -> dict[str, tuple]:
