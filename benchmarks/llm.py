@@ -40,8 +40,8 @@ Prints:
 5. **Weight-only int8** — held-out loss and perplexity of the float32 model and of its int8
    per-channel copy, the logit change, the weight bytes.
 
-Times are best-of / single runs on a shared 2-core machine (the load average is printed); BLAS
-runs ``--threads`` threads (default 1).
+Times are best-of / single runs on a shared 2-core machine (the load average is printed); after
+the attention section BLAS (numpy's and SciPy's) runs ``--threads`` threads (default 1).
 """
 
 import argparse
@@ -229,10 +229,12 @@ def main():
 
         llm_attention.main(["--gpu"] + (["--quick"] if args.quick else []))
         return
-    with threadpool_limits(args.threads), ml.no_grad():
-        print(f"# LLM inference benchmark ({load()})")
-        print("\n## 1. attention")
+    print(f"# LLM inference benchmark ({load()})")
+    print("\n## 1. attention (every contender on both cores, as llm_attention.py runs them)")
+    with ml.no_grad():
         attention_section(args.quick)
+    import scipy.linalg.cython_blas  # noqa: F401 - so that the limit reaches SciPy's BLAS too
+    with threadpool_limits(args.threads), ml.no_grad():
         pre = llm.load(args.weights)
         model = pre.model
         held = text.split(llm.pretrained.encode_corpus(pre.tokenizer))[1]

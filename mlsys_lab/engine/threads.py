@@ -96,13 +96,24 @@ def limit_threads(blas=None, numba=None):
 
         with ml.engine.threads.limit_threads(blas=1):
             c(x)            # BLAS on one thread, Numba on all of its threads
+
+    Each BLAS library gets its own count back: numpy's and SciPy's may differ (a caller's
+    ``threadpool_limits(1)`` made before SciPy's was loaded reaches numpy's only), and
+    restoring the largest to both would undo the caller's limit.
     """
-    before = set_num_threads(blas=blas, numba=numba)
+    blas = check_count("set_num_threads: blas", blas)
+    numba_n = check_count("set_num_threads: numba", numba)
+    before = num_threads()
+    limiter = _blas().limit(limits=blas) if blas is not None else None
     try:
+        if numba_n is not None:
+            set_num_threads(numba=numba_n)
         yield before
     finally:
-        set_num_threads(blas=before["blas"] if blas is not None else None,
-                        numba=before["numba"] if numba is not None else None)
+        if limiter is not None:
+            limiter.restore_original_limits()
+        if numba_n is not None:
+            set_num_threads(numba=before["numba"])
 
 
 def cap_process_threads(n):

@@ -34,6 +34,27 @@ def test_set_num_threads_sets_both_pools_and_returns_the_previous_counts(restore
     assert threads.num_threads() == {"blas": 1, "numba": 1}
 
 
+def test_limit_threads_gives_each_blas_library_its_own_count_back():
+    # numpy's and SciPy's OpenBLAS are two libraries (a Numba kernel's np.dot calls SciPy's):
+    # a caller holding numpy's at one thread keeps it there after a block that limited both,
+    # although SciPy's ran two (restoring the largest count to every library broke this)
+    import scipy.linalg.cython_blas  # noqa: F401 - loads SciPy's BLAS
+    from threadpoolctl import ThreadpoolController
+
+    libs = ThreadpoolController().select(user_api="blas").lib_controllers
+    assert len(libs) >= 2, [lib.filepath for lib in libs]
+    before = [lib.num_threads for lib in libs]
+    try:
+        for i, lib in enumerate(libs):
+            lib.set_num_threads(1 + i % 2)
+        with threads.limit_threads(blas=1):
+            assert [lib.num_threads for lib in libs] == [1] * len(libs)
+        assert [lib.num_threads for lib in libs] == [1 + i % 2 for i in range(len(libs))]
+    finally:
+        for lib, n in zip(libs, before):
+            lib.set_num_threads(n)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
 def test_bad_thread_counts_are_refused(bad):
     with pytest.raises(ml.ArgumentError, match="set_num_threads: blas"):
