@@ -806,7 +806,11 @@ def _snapshot_members(owner: Any) -> dict[str, tuple]:
         items = list(vars(owner).items())
     except TypeError:
         return out
+    function = types.FunctionType
     for name, value in items:
+        if type(value) is function:  # most members: no isinstance (a lying __class__) needed
+            out[name] = (value, value.__code__, value.__defaults__, value.__kwdefaults__)
+            continue
         try:
             if not (callable(value) or isinstance(value, (types.ModuleType, staticmethod,
                                                           classmethod, property))):
