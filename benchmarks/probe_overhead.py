@@ -110,6 +110,7 @@ def _child(notebook: str, rounds: int) -> dict:
     floors = [("no-op hook", _NoOpHook), ("C no-op", _CNoOpHook)] + (
         [("monitoring", _Monitoring)]
         if hasattr(sys, "monitoring") else [])
+    _CNoOpHook._install()  # Numba compiles the native hook here, not in the first round
     times: dict[str, list[float]] = {"plain": [], "probed": []}
     for _ in range(rounds):
         times["plain"].append(plain())
