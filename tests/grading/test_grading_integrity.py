@@ -1566,6 +1566,29 @@ def test_tampered_sees_every_kind_of_change_the_fast_comparison_must_not_miss(mo
     with monkeypatch.context() as m:  # the code swapped, the function object kept
         m.setattr(sim.run, "__code__", (lambda *a, **k: None).__code__)
         assert "`mlsys_lab.distributed.sim.run`" in guard.tampered(state)
+    # Replacements that ``==`` would let the student's code judge: the comparison is by
+    # identity, and none of their methods runs inside ``tampered``.
+    calls = []
+
+    class Liar:
+        def __eq__(self, other):
+            calls.append("eq")
+            return True
+
+        def __hash__(self):
+            calls.append("hash")
+            return 0
+
+    with monkeypatch.context() as m:  # defaults that claim to equal the old ones
+        m.setattr(sim.run, "__defaults__", tuple(Liar() for _ in sim.run.__defaults__ or (0,)))
+        assert "`mlsys_lab.distributed.sim.run`" in guard.tampered(state)
+    code = sim.run.__code__
+    forged = code.replace(co_consts=code.co_consts[:-1] + (frozenset({Liar()}),))
+    calls.clear()  # making the frozenset hashed its member
+    with monkeypatch.context() as m:  # the same bytecode, a constant made a frozenset of liars
+        m.setattr(sim.run, "__code__", forged)
+        assert "`mlsys_lab.distributed.sim.run`" in guard.tampered(state)
+    assert calls == []
     with monkeypatch.context() as m:  # a module replaced in sys.modules
         m.setitem(sys.modules, "mlsys_lab.distributed.sim", types.ModuleType("forged"))
         assert "`sys.modules['mlsys_lab.distributed.sim']`" in guard.tampered(state)
