@@ -321,11 +321,11 @@ def _forward_device(q, k, v, attn_mask, is_causal, scale, config):
     if attn_mask is not None:
         raise ArgumentError(
             f"{attention.OP} (cuda): a mask is taken with numpy inputs only")
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]) or q.shape[-1] != k.shape[-1] \
-            or k.shape[-2] != v.shape[-2]:
+    qs, ks, vs = (tuple(a.shape) for a in (q, k, v))  # the simulator's shapes slice badly
+    if not (qs[:-2] == ks[:-2] == vs[:-2]) or qs[-1] != ks[-1] or ks[-2] != vs[-2]:
         raise ShapeError(f"{attention.OP} (cuda): device inputs need one batch shape, "
-                                   f"got q {q.shape}, k {k.shape}, v {v.shape}")
-    batch, (L, e), (S, ev) = q.shape[:-2], q.shape[-2:], v.shape[-2:]
+                         f"got q {qs}, k {ks}, v {vs}")
+    batch, (L, e), (S, ev) = qs[:-2], qs[-2:], vs[-2:]
     heads = math.prod(batch)
     dtype = np.dtype(q.dtype)
     if scale is None:

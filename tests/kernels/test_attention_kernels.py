@@ -229,7 +229,7 @@ def test_workspace_is_linear_in_length_and_small_at_8192():
     assert declared(8192) <= one_head_scores / 50
 
 
-# --- the CUDA forward, under Numba's CUDA simulator (tests/conftest.py) at tiny tiles ---------
+# --- the CUDA kernels at tiny tiles: under Numba's CUDA simulator, or on a real GPU -----------
 CUDA_CASES = [
     ((2, 7, 5), (2, 9, 5), (2, 9, 3), None, False, False),
     ((2, 9, 5), (2, 6, 5), (2, 6, 3), None, True, False),
@@ -238,12 +238,21 @@ CUDA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CUDA_CASES, ids=[f"case{i}" for i in range(len(CUDA_CASES))])
-def test_cuda_forward_matches_exact_attention_under_the_simulator(case):
+def _cuda_or_skip():
+    """The CUDA kernels' module: under Numba's CUDA simulator (tests/conftest.py switches it on),
+    or on a real GPU when run with ``NUMBA_ENABLE_CUDASIM=0`` (benchmarks/device_check.sh)."""
+    from numba import cuda
+
     from mlsys_lab.kernels import attention_cuda
 
-    if not attention_cuda.simulator_enabled():
-        pytest.skip("runs under NUMBA_ENABLE_CUDASIM=1 (tests/conftest.py sets it)")
+    if not (attention_cuda.simulator_enabled() or cuda.is_available()):
+        pytest.skip("needs Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) or a GPU")
+    return attention_cuda
+
+
+@pytest.mark.parametrize("case", CUDA_CASES, ids=[f"case{i}" for i in range(len(CUDA_CASES))])
+def test_cuda_forward_matches_exact_attention(case):
+    attention_cuda = _cuda_or_skip()
     q, k, v, mask, g, attrs = _case(case, np.float32)
     out, lse = attention_cuda.attention_forward(q, k, v, mask, **attrs)
     want_out, want_lse, _ = _reference(q, k, v, mask, g, attrs)
@@ -284,10 +293,7 @@ def test_a_compiled_gradient_runs_the_tiled_backward_kernel():
 
 
 def test_cuda_selection_picks_the_cuda_kernel():
-    from mlsys_lab.kernels import attention_cuda
-
-    if not attention_cuda.simulator_enabled():
-        pytest.skip("runs under NUMBA_ENABLE_CUDASIM=1 (tests/conftest.py sets it)")
+    _cuda_or_skip()
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((1, 2, 6, 4)).astype(np.float32) for _ in range(3))
 
@@ -301,11 +307,8 @@ def test_cuda_selection_picks_the_cuda_kernel():
 
 
 @pytest.mark.parametrize("case", CUDA_CASES, ids=[f"case{i}" for i in range(len(CUDA_CASES))])
-def test_cuda_backward_matches_exact_attention_under_the_simulator(case):
-    from mlsys_lab.kernels import attention_cuda
-
-    if not attention_cuda.simulator_enabled():
-        pytest.skip("runs under NUMBA_ENABLE_CUDASIM=1 (tests/conftest.py sets it)")
+def test_cuda_backward_matches_exact_attention(case):
+    attention_cuda = _cuda_or_skip()
     q, k, v, mask, g, attrs = _case(case, np.float32)
     want_out, want_lse, want_grads = _reference(q, k, v, mask, g, attrs)
     out, lse = want_out.astype(np.float32), want_lse.astype(np.float32)

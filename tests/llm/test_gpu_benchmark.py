@@ -25,3 +25,18 @@ def test_gpu_flag_exits_2_without_a_gpu(simulator):
     why = "the CUDA simulator is on" if simulator == "1" else "no CUDA GPU found"
     assert why in done.stderr
     assert (results.stat().st_mtime_ns if results.exists() else None) == before
+
+
+def test_the_gpu_timing_runs_the_kernel_and_checks_it_under_the_simulator():
+    # what --gpu runs on a real GPU, here on tiny shapes under the simulator (tests/conftest.py):
+    # device arrays in, (out, lse) back, CUDA events, the result against the CPU kernel
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import llm_attention
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    result = llm_attention.time_gpu(length=19, repeats=2, heads=2, d=8)
+    [row] = result["rows"]
+    assert (row["length"], row["heads"], row["d"]) == (19, 2, 8)
+    assert row["max_abs_error"] < 1e-5
+    assert result["device"] and result["numba_version"]
