@@ -5,6 +5,7 @@ matched nothing would fail its step there: pytest exits 5)."""
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,23 @@ def test_without_a_gpu_it_exits_2_and_says_why(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no NVIDIA GPU here" in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["device.txt"]  # no step ran
+
+
+def test_the_gemm_benchmark_checks_every_variant_under_the_simulator():
+    # what matmul_gpu.py runs per shape on a real GPU, rehearsed on a tiny shape under the
+    # simulator (tests/conftest.py): every variant launched, checked against float64, timed
+    import types
+
+    from numba import cuda
+
+    from mlsys_lab.kernels import cuda as kc
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import matmul_gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    args = types.SimpleNamespace(warmup=0, repeats=1, batch=1, skip=[])
+    rows = matmul_gpu.bench_shape(cuda, kc, types.SimpleNamespace(name=None), (24, 20, 16), args)
+    assert [r["variant"] for r in rows] == list(kc.VARIANTS)
+    assert all(r["correct"] and r["max_rel_error"] < 1e-6 for r in rows), rows
