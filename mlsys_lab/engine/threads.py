@@ -27,7 +27,6 @@ import sys
 from ..errors import ArgumentError
 
 _controller = None
-_controller_sees_scipy = False
 #: The variables that size the thread pools of libraries a process loads later. Numba's own
 #: (``NUMBA_NUM_THREADS``) is left alone: Numba refuses a changed value once its pool runs, so
 #: :func:`cap_process_threads` calls ``numba.set_num_threads`` instead.
@@ -36,17 +35,16 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 def _blas():
-    """threadpoolctl's controller for the BLAS libraries loaded in this process (cached: its
-    discovery walks every loaded library). Made again once SciPy's BLAS has been loaded since:
-    Numba's compiled ``np.dot`` calls that one (``scipy.linalg.cython_blas``), which numpy's
-    BLAS need not be."""
-    global _controller, _controller_sees_scipy
-    scipy_blas = "scipy.linalg.cython_blas" in sys.modules
-    if _controller is None or (scipy_blas and not _controller_sees_scipy):
+    """threadpoolctl's controller for the BLAS libraries of this process (cached: its discovery
+    walks every loaded library). SciPy's BLAS is loaded first: Numba loads it itself the first
+    time it compiles array math (``numba.np.arraymath``), and its compiled ``np.dot`` calls it.
+    Loaded later, inside a :func:`limit_threads` block, it would run there at its own count."""
+    global _controller
+    if _controller is None:
+        import scipy.linalg.cython_blas  # noqa: F401 - a dependency (Numba's BLAS)
         from threadpoolctl import ThreadpoolController
 
         _controller = ThreadpoolController().select(user_api="blas")
-        _controller_sees_scipy = scipy_blas
     return _controller
 
 

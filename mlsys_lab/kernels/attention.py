@@ -612,8 +612,7 @@ def _run_parallel(kernel, items, tile, *args):
     workers = max(min(items, WORKERS_PER_THREAD * numba.get_num_threads()), 1)
     blas = contextlib.nullcontext()
     if tile > BLAS_SPLIT:
-        import scipy.linalg.cython_blas  # noqa: F401  the BLAS np.dot calls in Numba: limit it too
-        blas = limit_threads(blas=1)
+        blas = limit_threads(blas=1)  # SciPy's BLAS too, which np.dot calls in Numba
     with numba.parallel_chunksize(1), blas:
         kernel(*args[:-1], workers, *args[-1])
 
