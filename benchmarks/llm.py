@@ -51,7 +51,6 @@ import sys
 import time
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 import mlsys_lab as ml
 from mlsys_lab import llm, timing
@@ -233,8 +232,7 @@ def main():
     print("\n## 1. attention (every contender on both cores, as llm_attention.py runs them)")
     with ml.no_grad():
         attention_section(args.quick)
-    import scipy.linalg.cython_blas  # noqa: F401 - so that the limit reaches SciPy's BLAS too
-    with threadpool_limits(args.threads), ml.no_grad():
+    with ml.limit_threads(blas=args.threads), ml.no_grad():  # numpy's BLAS and SciPy's
         pre = llm.load(args.weights)
         model = pre.model
         held = text.split(llm.pretrained.encode_corpus(pre.tokenizer))[1]
