@@ -98,8 +98,10 @@ def speculative_generate(target, draft, prompt, max_new_tokens, gamma=4, tempera
     Returns:
         ``(tokens, stats)``: the new token ids and a dict with ``steps``, ``drafted``,
         ``accepted``, ``alpha`` (the mean of ``sum_x min(p, q)`` over the verified
-        positions, the formula's acceptance rate), ``tokens_per_step`` and the seconds spent
-        in the draft and target forwards (``draft_seconds``, ``target_seconds``).
+        positions, the formula's acceptance rate), ``tokens_per_step`` (their mean) and
+        ``step_tokens`` (the tokens each step emitted, for the spread of that mean) and the
+        seconds spent in the draft and target forwards (``draft_seconds``,
+        ``target_seconds``).
     """
     prompt = np.asarray(prompt, np.int64).reshape(-1)
     limit = prompt.size + max_new_tokens
@@ -112,7 +114,8 @@ def speculative_generate(target, draft, prompt, max_new_tokens, gamma=4, tempera
     tcache = KVCache(target.config, 1, limit + gamma)
     dcache = KVCache(draft.config, 1, limit + gamma)
     out = list(prompt)
-    stats = dict(steps=0, drafted=0, accepted=0, draft_seconds=0.0, target_seconds=0.0)
+    stats = dict(steps=0, drafted=0, accepted=0, draft_seconds=0.0, target_seconds=0.0,
+                 step_tokens=[])
     overlaps = []
     with no_grad():
         t0 = time.perf_counter()
@@ -145,6 +148,7 @@ def speculative_generate(target, draft, prompt, max_new_tokens, gamma=4, tempera
             stats["steps"] += 1
             stats["drafted"] += gamma
             stats["accepted"] += n
+            stats["step_tokens"].append(len(tokens))
             tcache.truncate(0, base + 1 + n)
             if n == gamma:  # the draft never saw its own last token
                 dcache.truncate(0, base + gamma)

@@ -85,6 +85,19 @@ def test_sampled_speculative_with_the_target_as_draft_accepts_everything(tiny):
     assert stats["alpha"] == pytest.approx(1.0)
 
 
+def test_step_tokens_count_what_each_step_emitted(tiny):
+    """``step_tokens`` holds one entry per step: the accepted drafts plus the one token the
+    target adds, so they sum to ``accepted + steps`` and cover the tokens returned."""
+    draft = llm.GPT(tiny.config, seed=2).eval()  # other weights: it guesses wrong at times
+    tokens, stats = llm.speculative_generate(tiny, draft, np.arange(4), 30, gamma=3,
+                                             temperature=0.2, seed=5)
+    per_step = stats["step_tokens"]
+    assert len(per_step) == stats["steps"] and all(1 <= n <= 4 for n in per_step)
+    assert sum(per_step) == stats["accepted"] + stats["steps"] >= len(tokens)
+    assert stats["tokens_per_step"] == pytest.approx(np.mean(per_step))
+    assert min(per_step) < 4  # rejected somewhere: the entries are not all gamma + 1
+
+
 def test_formulas():
     assert llm.expected_tokens(0.0, 4) == 1.0
     assert llm.expected_tokens(1.0, 4) == 5.0
