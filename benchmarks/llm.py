@@ -193,8 +193,8 @@ def speculative_section(model, prompts, new_tokens, gammas, rounds, drafts=(1, 2
         print(f"{layers:>2} blk{'s' if layers > 1 else ' '}{g:>6}{alpha:>7.3f}{c:>7.3f}"
               f"{(accepted + steps) / steps:>9.2f}"
               f"{speculative.expected_tokens(alpha, g):>8.2f}{1e3 * seconds / tokens:>8.2f}"
-              f"{measured:>9.2f}{formula:>8.2f}{measured / formula:>7.2f}"
-              f"{spread * measured / formula:>7.2f}{verify:>13.2f}{refined:>8.2f}")
+              f"{measured:>9.2f}{formula:>8.2f}{measured / formula:>7.3f}"
+              f"{spread * measured / formula:>7.3f}{verify:>13.2f}{refined:>8.2f}")
     print("formula: (1 - a^(g+1)) / ((1 - a)(c g + 1)), c measured in the run; target: ratio "
           "0.90-1.10. +-2se: two standard errors of the ratio from the tokens per step (the "
           "steps' spread over sqrt(steps)). refined: the same with the verification's measured "
