@@ -823,6 +823,30 @@ def _snapshot_members(owner: Any) -> dict[str, tuple]:
     return out
 
 
+def _sealed_kernels(modules: dict[str, tuple]) -> dict[int, tuple[Any, types.CodeType]]:
+    """id -> (dispatcher, its ``py_func``'s code) for every Numba dispatcher a sealed module
+    holds. ``_dispatcher_label_of`` reads the code here too: a ``py_func`` swapped after the
+    seal does not change what the dispatcher runs, and overloads loaded from Numba's disk
+    cache carry their type annotation as text, without the code they were compiled from."""
+    mod = sys.modules.get("numba.core.dispatcher")
+    if mod is None:
+        return {}
+    cuda = getattr(sys.modules.get("numba.cuda.dispatcher"), "CUDADispatcher", None)
+    kinds = (mod.Dispatcher,) + ((cuda,) if isinstance(cuda, type) else ())
+    found = {}
+    for _, members in modules.values():
+        for value, *_ in members.values():
+            try:
+                if not isinstance(value, kinds):
+                    continue
+            except Exception:  # an object whose __class__ lies
+                continue
+            code = getattr(getattr(value, "py_func", None), "__code__", None)
+            if isinstance(code, types.CodeType):
+                found[id(value)] = (value, code)
+    return found
+
+
 def _channel_objects() -> list[tuple[str, Any]]:
     """The objects a payload passes through on its way out of an IPython kernel."""
     ipython = sys.modules.get("IPython")
@@ -891,6 +915,7 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         "classes": classes,
         "frozen": _Frozen(modules, classes),
         "channel": channel,
+        "kernels": _sealed_kernels(modules),
         "encoder": json.encoder.JSONEncoder,
         "publish": publish_display_data,
         "thread_start": start,
@@ -1642,6 +1667,9 @@ class Guard:
 
     def _dispatcher_label_of(self, dispatcher) -> tuple[str, str] | None:
         codes = [getattr(getattr(dispatcher, "py_func", None), "__code__", None)]
+        sealed = self._state["kernels"].get(id(dispatcher))
+        if sealed is not None and sealed[0] is dispatcher:  # its py_func when the seal was taken
+            codes.append(sealed[1])
         # What the overloads were compiled from: a swapped ``py_func`` does not change them.
         overloads = getattr(dispatcher, "overloads", None)
         for cres in list(overloads.values()) if isinstance(overloads, dict) else ():
