@@ -98,10 +98,9 @@ def speculative_generate(target, draft, prompt, max_new_tokens, gamma=4, tempera
     Returns:
         ``(tokens, stats)``: the new token ids and a dict with ``steps``, ``drafted``,
         ``accepted``, ``alpha`` (the mean of ``sum_x min(p, q)`` over the verified
-        positions, the formula's acceptance rate), ``tokens_per_step`` (their mean) and
-        ``step_tokens`` (the tokens each step emitted, for the spread of that mean) and the
-        seconds spent in the draft and target forwards (``draft_seconds``,
-        ``target_seconds``).
+        positions, the formula's acceptance rate), ``step_tokens`` (the tokens each step
+        emitted), ``tokens_per_step`` (their mean) and the seconds spent in the draft and
+        target forwards (``draft_seconds``, ``target_seconds``).
     """
     prompt = np.asarray(prompt, np.int64).reshape(-1)
     limit = prompt.size + max_new_tokens
