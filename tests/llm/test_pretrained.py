@@ -21,6 +21,10 @@ def test_committed_weights_load_and_reach_the_stated_loss():
         logits = pre.model(held[None, :64]).numpy()
     assert np.isfinite(logits).all()
     loss = llm.heldout_loss(pre.model, held)
-    assert abs(loss - pre.meta["float16_heldout_loss"]) < 1e-3
+    # The corpus is the running Python's pydoc topics: the training's own text on 3.11 (CI's
+    # Python); 3.12 and 3.13 rewrote some topics, so their held-out part is other text (the
+    # bound below still holds there).
+    if len(held) == pre.meta["heldout_tokens"]:
+        assert abs(loss - pre.meta["float16_heldout_loss"]) < 1e-3
     assert loss < pre.meta["first_loss"] - 0.8 and loss < 5.0  # below the unigram's 5.26
     assert pre.tokenizer.decode(pre.tokenizer.encode("for x in y:")) == "for x in y:"
