@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import re
 import shutil
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from mlsys_lab import notebook_format as nf
 from mlsys_lab.reader import browser as B
 from mlsys_lab.reader.catalogue import chapters, project_root
 
@@ -168,27 +170,29 @@ def test_opens_untrusted_with_every_picture_and_saves_unchanged(driver, lab, clo
     time.sleep(0.5)
     _stop_kernels(lab)
     after = (clone / path).read_bytes()
-    assert _but_the_kernel_version(after) == _but_the_kernel_version(before), (
+    assert _as_committed(after) == before, (
         f"{path}: JupyterLab rewrote it on save ({len(before)} -> {len(after)} bytes); put it "
         f"in normal form: python -m mlsys_lab.notebook_format {path}")
 
 
-def _but_the_kernel_version(raw: bytes) -> bytes:
-    """The notebook's bytes with ``language_info.version`` blanked: Lab writes the running
-    kernel's Python version there (the README's one exception to byte-identical saves), which
-    is 3.11.7 in the committed files and the tester's own Python here."""
-    return re.sub(rb'\n   "version": "\d+\.\d+\.\d+[^"]*"\n  }', b'\n   "version": ""\n  }', raw)
+def _as_committed(saved: bytes, running: str = platform.python_version()) -> bytes:
+    """What Lab saved, with the running kernel's Python version (this interpreter's, which Lab
+    writes into ``language_info.version``) put back to the normal form's ``PYTHON_VERSION``: the
+    one change a reader on another Python sees (``mlsys_lab.notebook_format``)."""
+    return saved.replace(f'"version": "{running}"'.encode(),
+                         f'"version": "{nf.PYTHON_VERSION}"'.encode())
 
 
 def test_the_save_check_forgives_the_kernel_version_and_nothing_else():
     raw = (ROOT / CHAPTERS[0]).read_bytes()
-    other_python = re.sub(rb'"version": "3\.11\.7"', b'"version": "3.12.1"', raw)
-    assert other_python != raw
-    assert _but_the_kernel_version(other_python) == _but_the_kernel_version(raw)
+    committed = f'"version": "{nf.PYTHON_VERSION}"'.encode()
+    other_python = raw.replace(committed, b'"version": "3.12.1"')
+    assert other_python != raw and _as_committed(other_python, "3.12.1") == raw
+    assert _as_committed(other_python, "3.13.0") != raw  # only the running Python's is forgiven
     for changed in (raw.replace(b'"nbformat_minor": ', b'"nbformat_minor": 1'),
                     raw.replace(b'"execution_count": 1,', b'"execution_count": 2,', 1),
                     raw.replace(b'"codemirror_mode": {', b'"codemirror_mode":  {')):
-        assert changed != raw and _but_the_kernel_version(changed) != _but_the_kernel_version(raw)
+        assert changed != raw and _as_committed(changed, "3.12.1") != raw
 
 
 # ----------------------------------------------------------------------------- driving widgets
