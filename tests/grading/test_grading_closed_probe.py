@@ -147,7 +147,7 @@ def mean(xs):
 """
 
 
-def test_an_answer_using_the_base_numpy_threads_and_print_keeps_full_marks():
+def test_an_answer_using_the_base_numpy_threads_and_print_keeps_full_marks(hook_kind):
     result = run_cases("96.1", _cell(HONEST), seed=1)
     assert result.score == result.max, result.report()
 
@@ -177,7 +177,7 @@ def test_importing_is_not_running():
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("route", ["saved", "partial", "map", "heapq", "thread", "c_function"])
-def test_every_route_from_the_students_code_is_refused(route):
+def test_every_route_from_the_students_code_is_refused(route, hook_kind):
     source = {
         "saved": "solve = fakesolver.solve\ndef mean(xs):\n    return solve(xs)\n",
         "partial": ("import functools\ndef mean(xs):\n"
@@ -198,7 +198,7 @@ def test_every_route_from_the_students_code_is_refused(route):
     _refused(result, "posix" if route == "c_function" else "fakesolver")
 
 
-def test_a_method_of_the_same_name_on_another_class_gets_its_own_verdict():
+def test_a_method_of_the_same_name_on_another_class_gets_its_own_verdict(hook_kind):
     """The guard keeps its verdict on a C method per (owner's class, name): a permitted
     ``BytesIO.close`` called first must not let ``epoll.close`` (select: not in the base)
     through under the same name."""

@@ -220,13 +220,13 @@ SHORTCUTS = {
 }
 
 
-def test_an_honest_answer_passes_under_the_guard():
+def test_an_honest_answer_passes_under_the_guard(hook_kind):
     result = run_cases("97.1", honest_kahn)
     assert result.score == 1, _feedback(result)
 
 
 @pytest.mark.parametrize("how", list(SHORTCUTS), ids=list(SHORTCUTS))
-def test_forbidden_function_refuses_every_route(how):
+def test_forbidden_function_refuses_every_route(how, hook_kind):
     result = run_cases("97.1", SHORTCUTS[how])
     assert result.score == 0, f"{how} got through"
     text = _feedback(result)

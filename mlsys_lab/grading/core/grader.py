@@ -586,7 +586,8 @@ def grading_imports(source: str) -> frozenset[str]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module.startswith("mlsys_lab.grading."):
-                found.add(node.module)
+                if module_file(node.module).is_file():  # not a namespace package (core)
+                    found.add(node.module)
                 found.update(f"{node.module}.{a.name}" for a in node.names
                              if module_file(f"{node.module}.{a.name}").is_file())
         elif isinstance(node, ast.Import):

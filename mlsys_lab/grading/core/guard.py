@@ -19,7 +19,9 @@ from their files when a probe first needs them.
 (``with guard.watching():``):
 
 * a profile hook (``sys.setprofile``, and ``threading.setprofile`` for threads started meanwhile)
-  looks at every function that starts. Code is matched by *where it was defined* (file, first
+  looks at every function that starts (where ``native_hook`` builds, a native function answers
+  the events that need nothing, such as returns and calls of code already found harmless, and
+  hands the rest to the Python hook). Code is matched by *where it was defined* (file, first
   line, qualified name) — so saved references, bound methods, ``f = kahn`` and
   ``types.FunctionType(kahn.__code__, ...)`` are all caught. Code the seal does not know (and
   that is not the grading package's own, as on disk) is the student's, *whatever file name it
@@ -93,6 +95,7 @@ import types
 import weakref
 from typing import Any, Iterable
 
+from mlsys_lab.grading.core import native_hook
 from mlsys_lab.grading.core.wire import OffLimitsError
 
 __all__ = ["Guard", "OffLimitsError", "fingerprint", "plan_for", "unguarded"]
@@ -902,6 +905,7 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         modules[name] = (module, _module_members(name, members))
     channel = [(label, obj, type(obj), _snapshot_members(obj)) for label, obj in
                _channel_objects()]
+    native = native_hook.build()  # compiled here, once per kernel
     start = getattr(threading.Thread.start, "__code__", None)
     state = {
         # A keyed seal runs in a fresh kernel before any student cell: every function alive
@@ -927,6 +931,7 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         "origins": {},  # id(code) -> (code, its module or None, whether it is the student's)
         "files": {"modules": -1, "map": {}},  # source file -> module, for the closed probe
         "student_threads": weakref.WeakSet(),  # threads the student's code started
+        "native": native,  # the native profile hook (``native_hook``), or None
     }
     if key is not None:
         import builtins
@@ -1282,12 +1287,12 @@ def _c_module(builtin: Any) -> str | None:
     """The module a C function Python code calls comes from: its module, or the module of the
     class that defines the method (``list.append``: builtins)."""
     owner = getattr(builtin, "__self__", None)
-    if isinstance(owner, types.ModuleType):
+    if issubclass(type(owner), types.ModuleType):  # by the real class: ``__class__`` may lie
         return owner.__name__
     if owner is None:
         return getattr(builtin, "__module__", None)
     name = getattr(builtin, "__name__", None)
-    for cls in owner.__mro__ if isinstance(owner, type) else type(owner).__mro__:
+    for cls in owner.__mro__ if issubclass(type(owner), type) else type(owner).__mro__:
         if name in vars(cls):
             return getattr(cls, "__module__", None)
     return None
@@ -1357,6 +1362,7 @@ class Guard:
         self._c_static = {id(f): (f, _SPAWN, None) for f in self._state["start_new_thread"]}
         self._c_static.update((i, (f, _TAMPER, name)) for i, (f, name) in self._watched_c.items())
         self._c_ids = dict(self._c_static)
+        self._tables: native_hook.Tables | None = None  # the native hook's, when it is used
         self.hook = self._make_hook()
         self.trust(trusted)
 
@@ -1437,6 +1443,8 @@ class Guard:
             student = _origin(self._state, code)[1]
             if student:
                 self._students[id(code)] = code  # the hook checks the C functions it calls
+                if self._tables is not None:
+                    self._tables.student.add(id(code))
             elif code.co_name not in ("<module>", "__del__") and not _gc_callback(code):
                 module = _claimed_module(self._state, code)
                 if module is not None:
@@ -1452,6 +1460,11 @@ class Guard:
         else:
             entry = (code, None, None, foreign, student)
         self._seen[id(code)] = entry  # holds the code object, so its id is never reused
+        if self._tables is not None and entry[1] is None:  # what the native hook may answer
+            if foreign is None:
+                self._tables.quiet.add(id(code))
+            elif foreign[2]:
+                self._tables.stdlib.add(id(code))
         return entry
 
     def _foreign_label(self, module: str, name: str) -> tuple[str, str] | None:
@@ -1489,8 +1502,10 @@ class Guard:
                         f"limits here{note}")
 
     def _make_hook(self):
-        """The profile hook: one function object (so ``sys.getprofile() is`` works) that reads
-        its tables from locals, since it runs on every call and return of the probe."""
+        """The profile hook: one object (so ``sys.getprofile() is`` works). The Python hook
+        reads its tables from locals, since it runs on every call and return of the probe;
+        where ``native_hook`` is available, a native function answers the events that need
+        nothing from it and hands it the rest (the hook is then a ``native_hook.Hook``)."""
         me, seen, classify, c_ids, c_names = (self, self._seen, self._classify, self._c_ids,
                                               self._c_funcs)
         closed, students = self._allowed is not None, self._students
@@ -1541,11 +1556,20 @@ class Guard:
             """The first event of a thread started while a probe runs: note the thread (it is
             watched from now on, by whichever guard is on) and hand it the hook."""
             state.setdefault("hooked", {})[threading.get_ident()] = threading.current_thread()
-            sys.setprofile(hook)
+            if profile is hook:
+                sys.setprofile(hook)
+            else:
+                native_hook.install(native["address"], profile)
             return hook(frame, event, arg)
 
         self._thread_hook = thread_hook
-        return hook
+        profile, native = hook, state.get("native")
+        if native is not None:
+            profile = native_hook.Hook(hook)
+            self._tables = native_hook.Tables(profile)
+            self._tables.flag(native_hook.ALL_C, bool(c_names))
+            self._tables.flag(native_hook.CLOSED, closed)
+        return profile
 
     def _on_call(self, frame, entry) -> None:
         kind = entry[1]
@@ -1600,8 +1624,8 @@ class Guard:
         the class that defines it walks the owner's MRO. The table is keyed by ``id`` and
         checks identity, so no hash or ``==`` of the student's objects runs inside the hook."""
         owner = getattr(builtin, "__self__", None)
-        if owner is not None and not isinstance(owner, (type, types.ModuleType)):
-            owner = type(owner)
+        if owner is not None and not issubclass(type(owner), (type, types.ModuleType)):
+            owner = type(owner)  # by its real class: an object's ``__class__`` may lie
         name = getattr(builtin, "__name__", None)
         module_attr = getattr(builtin, "__module__", None)
         key = (id(owner), name, id(module_attr)) if type(name) is str else None
@@ -1616,6 +1640,9 @@ class Guard:
                 self._c_verdicts[key] = (owner, module_attr, foreign)
         if foreign is not None:
             self._on_forbidden(foreign[:2])
+        elif (key is not None and self._tables is not None
+              and issubclass(type(builtin), types.BuiltinFunctionType)):
+            self._tables.permit_c(builtin)
 
     def _student_caller(self, frame) -> bool:
         """Whether the function running in ``frame`` was called by the student's code, directly
@@ -1787,16 +1814,32 @@ class Guard:
         self._previous = (sys.getprofile(), getattr(threading, "_profile_hook", None))
         _ACTIVE = self
         self._state["active"] = self
+        tables = self._tables
+        if tables is not None:  # the native hook: the C functions watched by identity
+            tables.c_ids.clear()
+            for key in self._c_ids:
+                tables.c_ids.add(key)
         if hasattr(threading, "setprofile_all_threads"):  # Python 3.12+: running threads too
-            threading.setprofile_all_threads(self.hook)
+            if tables is None:
+                threading.setprofile_all_threads(self.hook)
+            else:  # threads started later get the Hook object: its Python hook
+                threading.setprofile(self.hook)
+                native_hook.install_all_threads(self._state["native"]["address"], self.hook)
         else:
             threading.setprofile(self._thread_hook)
-            sys.setprofile(self.hook)
+            if tables is None:
+                sys.setprofile(self.hook)
+            else:
+                native_hook.install(self._state["native"]["address"], self.hook)
         self._closing = False
+        if tables is not None:
+            tables.flag(native_hook.CLOSING, False)
 
     def _stop(self) -> None:
         global _ACTIVE
         self._closing = True
+        if self._tables is not None:
+            self._tables.flag(native_hook.CLOSING, True)
         current = sys.getprofile()
         new_threads = getattr(threading, "_profile_hook", None)
         expected = (self.hook if hasattr(threading, "setprofile_all_threads")
