@@ -850,6 +850,29 @@ def test_the_kernel_cannot_change_the_verdict(attack, tmp_path):
     assert (report.total, report.max) == (0, 12), report.to_table()
 
 
+# The kernel's own guard module is not sealed (the hidden cell runs private copies of it), but
+# the seal's record was built by it: a comparison that lived on that record's class answered
+# "nothing changed" for whatever the notebook had replaced.
+SEAL_COMPARISON_ATTACK = """
+import json
+import mlsys_lab.grading.core.guard as g
+for owner in (getattr(g, "_Frozen", None), g):
+    for name in ("same", "_frozen_same", "frozen_same"):
+        if owner is not None and hasattr(owner, name):
+            setattr(owner, name, lambda *a, **k: True)
+g.tampered = lambda state: []
+json.dumps = lambda *a, **k: "{}"
+"""
+
+
+def test_the_kernels_guard_module_cannot_vouch_for_the_seal(tmp_path):
+    answers = {"0.1": "def square(x):\n    return x * x\n"}
+    path = _notebook(answers, tmp_path / "ch00_seal.ipynb", extra=SEAL_COMPARISON_ATTACK)
+    report = grade(path, cell_timeout=30, timeout=120)
+    assert _points(report)["0.1"] == 0, report.to_table()
+    assert "your notebook changed `json.dumps`" in report.rows[0].feedback, report.to_table()
+
+
 def test_a_fake_result_from_the_answer_scores_zero(tmp_path):
     path = _notebook({"0.1": FAKE_RESULT_ANSWER}, tmp_path / "ch00_fake.ipynb")
     report = grade(path, cell_timeout=30, timeout=120)
@@ -1561,15 +1584,26 @@ def test_h5_swapping_a_functions_code_is_seen(sealed, capsys, monkeypatch):
     assert result.score == 0 and "`mlsys_lab.distributed.sim.run`" in _feedback(result)
 
 
-def test_tampered_sees_every_kind_of_change_the_fast_comparison_must_not_miss(monkeypatch):
-    """``tampered`` first compares every sealed namespace in one pass in C (``_Frozen.same``)
-    and walks them name by name only when that differs: each change below must still be
-    reported."""
+@pytest.mark.parametrize("words", ["native", "python"])
+def test_tampered_sees_every_kind_of_change_the_fast_comparison_must_not_miss(words,
+                                                                               monkeypatch):
+    """``tampered`` first compares what the seal recorded in bulk (``_frozen_same``: natively,
+    each namespace's dict version and each function's fields read in one call; else in C maps)
+    and walks the namespaces name by name only when that differs: each change below must still
+    be reported, on both comparisons, and a name a module merely gained is not a change."""
     from mlsys_lab.distributed import sim
     from mlsys_lab.distributed.sim import engine
 
     state = guard.seal()
+    if words == "python":
+        state["frozen"]["gather"] = None
+    else:
+        assert state["frozen"]["gather"] is not None
     assert guard.tampered(state) == []
+    with monkeypatch.context() as m:  # a new name in a sealed module, and in a sealed class
+        m.setattr(sim, "_a_cache_the_kernel_added", {}, raising=False)
+        m.setattr(engine.Engine, "_counter", 0, raising=False)
+        assert guard.tampered(state) == [] and guard.tampered(state) == []
     # a class Python lets change is recorded; one it keeps from changing (setattr raises) is not
     assert "mlsys_lab.distributed.sim.engine.Engine" in state["classes"]
     assert "numpy.ndarray" not in state["classes"]

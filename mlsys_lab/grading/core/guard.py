@@ -690,7 +690,8 @@ SEALED_MODULES = ("mlsys_lab", "json", "threading", "_thread", "queue", "numpy",
                   "itertools", "os", "posix", "struct", "_struct", "time",  # 9.1's call pipe
                   "concurrent", "IPython.display", "IPython.core.display_functions",
                   "IPython.core.displaypub", "ipykernel.zmqshell", "ipykernel.iostream",
-                  "jupyter_client.session", "zmq.sugar.socket")
+                  "jupyter_client.session", "zmq.sugar.socket",
+                  "weakref", "_weakrefset")  # the seal's record of the student's threads
 _NOT_SEALED = ("mlsys_lab.grading",)
 #: Names the kernel itself sets and resets around each cell (ipykernel forwards ``input`` and
 #: installs its own hooks per request).
@@ -917,7 +918,7 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         "threads": set(sys._current_frames()),
         "modules": modules,
         "classes": classes,
-        "frozen": _Frozen(modules, classes),
+        "frozen": _frozen(modules, classes, native_hook.gatherer(native)),
         "channel": channel,
         "kernels": _sealed_kernels(modules),
         "encoder": json.encoder.JSONEncoder,
@@ -980,57 +981,113 @@ _GET_CODE, _GET_DEFAULTS, _GET_KWDEFAULTS = map(operator.attrgetter, (
     "__code__", "__defaults__", "__kwdefaults__"))
 
 
-class _Frozen:
-    """Every sealed namespace's members as the seal saw them, compared in C in one pass
-    (``map`` of ``operator.getitem`` and ``operator.is_`` over flat tuples): ``same()`` is True
-    when every sealed module is still the one in ``sys.modules``, every name still holds the
-    same object, every function the same code and defaults, and no class gained or lost a name.
-    Only when it is False does ``tampered`` walk the namespaces one by one to name what
-    changed."""
+def _frozen(modules: dict[str, tuple], classes: dict[str, tuple], gather) -> dict:
+    """Every sealed namespace's members as the seal saw them, as plain data for
+    ``_frozen_same``: per namespace (a module's dict, a class's), the names, the objects and
+    where ``gather`` finds its version; every sealed function with its code and defaults; and
+    the builtins the comparison uses, as they were before any student cell ran. Plain data, and
+    the functions that read it are the caller's own (the hidden cell's private copy of this
+    module): a method on a class of the kernel's own module is something a notebook can
+    replace (it once answered "nothing changed" for whatever the notebook had replaced)."""
+    import ctypes
 
-    __slots__ = ("names", "modules", "spaces", "keys", "values", "functions", "code", "defaults",
-                 "kwdefaults", "classes", "sizes")
-
-    def __init__(self, modules: dict[str, tuple], classes: dict[str, tuple]):
-        self.names = tuple(modules)
-        self.modules = tuple(module for module, _ in modules.values())
-        spaces, keys, values, functions, code = [], [], [], [], []
-        for owner, members in [*modules.values(), *classes.values()]:
-            try:
-                space = vars(owner)  # a module's dict; a class's (live) mapping proxy
-            except TypeError:
-                continue
-            for name, old in members.items():
-                spaces.append(space)
-                keys.append(name)
-                values.append(old[0])
-                if old[1] is not None:
-                    functions.append(_function_of(old[0]))
-                    code.append(old[1:])  # code, defaults, kwdefaults
-        self.spaces, self.keys, self.values = tuple(spaces), tuple(keys), tuple(values)
-        self.functions = tuple(functions)
-        self.code, self.defaults, self.kwdefaults = (tuple(c) for c in zip(*code)) if code \
-            else ((), (), ())
-        self.classes = tuple(vars(cls) for cls, _ in classes.values())
-        self.sizes = tuple(map(len, self.classes))
-
-    def same(self) -> bool:
-        is_ = operator.is_
-        if not all(map(is_, map(sys.modules.get, self.names, self.modules), self.modules)):
-            return False
+    spaces = []  # (namespace, names, objects)
+    functions, code = [], []
+    for owner, members in [*modules.values(), *classes.values()]:
         try:
-            if not all(map(is_, map(operator.getitem, self.spaces, self.keys), self.values)):
-                return False
+            space = vars(owner)  # a module's dict; a class's (live) mapping proxy
+        except TypeError:
+            continue
+        spaces.append((space, tuple(members), tuple(old[0] for old in members.values()),
+                       len(space) if type(space) is not dict else None))  # a class: its size
+        for old in members.values():
+            if old[1] is not None:
+                functions.append(_function_of(old[0]))
+                code.append(old[1:])  # code, defaults, kwdefaults
+    frozen = {
+        "names": tuple(modules), "modules": tuple(module for module, _ in modules.values()),
+        "spaces": spaces, "functions": tuple(functions),
+        "code": tuple(c[0] for c in code), "defaults": tuple(c[1] for c in code),
+        "kwdefaults": tuple(c[2] for c in code),
+        "ops": (all, map, len, operator.is_, operator.getitem, sys.modules.get, bytes, _GET_CODE,
+                _GET_DEFAULTS, _GET_KWDEFAULTS),
+        "gather": None,
+    }
+    dicts = [gc.get_referents(space) if type(space) is not dict else [space]
+             for space, *_ in spaces]
+    # A class's namespace is a dict, or a subclass of it (ctypes' classes): its version is
+    # where a dict keeps it. Another kind would be compared name by name every time.
+    dicts = [d[0] if len(d) == 1 and issubclass(type(d[0]), dict) else None for d in dicts]
+    frozen["always"] = [i for i, d in enumerate(dicts) if d is None]
+    if gather is not None:
+        # One word per namespace (its dict's version), then sys.modules', then three per
+        # function (its code, defaults and keyword defaults): read again in one native call,
+        # the same bytes mean nothing the seal recorded can have changed.
+        at = native_hook.WORD_LAYOUT
+        still = id(frozen["always"]) + 8 * 1  # a word that does not change: the list's type
+        addresses = [id(d) + 8 * at["dict_version"] if d is not None else still for d in dicts]
+        addresses.append(id(sys.modules) + 8 * at["dict_version"])
+        for fn in functions:
+            addresses += [id(fn) + 8 * at[k] for k in (
+                "function_code", "function_defaults", "function_kwdefaults")]
+        n = len(addresses)
+        frozen["dicts"] = dicts  # held: their addresses stay theirs
+        frozen["addresses"] = (ctypes.c_int64 * n)(*addresses)
+        frozen["words"] = (ctypes.c_int64 * n)()
+        frozen["now"] = (ctypes.c_int64 * n)()
+        gather(frozen["addresses"], frozen["words"], n)
+        frozen["gather"] = gather
+    return frozen
+
+
+def _frozen_same(frozen: dict) -> str:
+    """What changed of what the seal recorded: ``""`` when every sealed module is still the one
+    in ``sys.modules``, every name still holds the same object and every function the same
+    code and defaults (compared by identity: ``==`` could run the student's code);
+    ``"changed"`` when one of those changed; else ``"grew"`` when a sealed class only gained or
+    lost a name (``tampered`` then looks for a method that shadows a base class's).
+
+    With the native reader, the namespaces and functions whose words (``_frozen``) are as
+    recorded are unchanged; only the others are compared name by name, and when nothing
+    changed, the words are recorded again (a kernel adds names to modules as it runs)."""
+    all_, map_, len_, is_, getitem, modules_get, bytes_, get_code, get_defaults, get_kw = \
+        frozen["ops"]
+    gather = frozen["gather"]
+    spaces = frozen["spaces"]
+    if gather is None:
+        changed, functions_changed, modules_changed = range(len_(spaces)), True, True
+    else:
+        words, now = frozen["words"], frozen["now"]
+        gather(frozen["addresses"], now, len_(now))
+        always = frozen["always"]
+        if bytes_(now) == bytes_(words) and not always:
+            return ""
+        count = len_(spaces)
+        changed = [i for i in range(count) if now[i] != words[i]] + always
+        modules_changed = now[count] != words[count]
+        functions_changed = bytes_(now)[8 * (count + 1):] != bytes_(words)[8 * (count + 1):]
+    if modules_changed and not all_(map_(is_, map_(modules_get, frozen["names"],
+                                                   frozen["modules"]), frozen["modules"])):
+        return "changed"
+    grew = False
+    for i in changed:
+        space, names, objects, size = spaces[i]
+        try:
+            if not all_(map_(is_, map_(getitem, (space,) * len_(names), names), objects)):
+                return "changed"
         except KeyError:  # a name was deleted
-            return False
-        if tuple(map(len, self.classes)) != self.sizes:
-            return False
-        # By identity, one attribute a pass (no 3-tuple per function): ``==`` could run the
-        # student's code (a replaced default's ``__eq__``; comparing code objects by content
-        # hashes the constants of a frozenset in them)
-        return (all(map(is_, map(_GET_CODE, self.functions), self.code))
-                and all(map(is_, map(_GET_DEFAULTS, self.functions), self.defaults))
-                and all(map(is_, map(_GET_KWDEFAULTS, self.functions), self.kwdefaults)))
+            return "changed"
+        grew = grew or (size is not None and len_(space) != size)
+    if functions_changed and not (
+            all_(map_(is_, map_(get_code, frozen["functions"]), frozen["code"]))
+            and all_(map_(is_, map_(get_defaults, frozen["functions"]), frozen["defaults"]))
+            and all_(map_(is_, map_(get_kw, frozen["functions"]), frozen["kwdefaults"]))):
+        return "changed"
+    if grew:
+        return "grew"  # words kept: the class is looked at again every time
+    if gather is not None:
+        words[:] = now  # nothing changed that matters: compare against today's words next time
+    return ""
 
 
 def _module_members(name: str, members: dict[str, tuple]) -> dict[str, tuple]:
@@ -1046,7 +1103,8 @@ def tampered(state: dict) -> list[str]:
     An empty list when nothing changed."""
     found = []
     missing = object()
-    sealed = state["frozen"].same()
+    verdict = _frozen_same(state["frozen"])
+    sealed = not verdict
     for name, (module, members) in () if sealed else state["modules"].items():
         if sys.modules.get(name, module) is not module:
             found.append(f"`sys.modules[{name!r}]`")
@@ -1078,6 +1136,8 @@ def tampered(state: dict) -> list[str]:
         for attr, value in now.items():
             if attr not in members and callable(value) and hasattr(kind, attr):
                 found.append(f"{label}'s `{attr}`")
+    if verdict == "changed" and not found:  # the names could not be found again: still changed
+        found.append("a function or module the check relies on")
     return found
 
 

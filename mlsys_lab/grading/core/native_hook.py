@@ -204,6 +204,59 @@ def _set_profile():
     return fn
 
 
+#: Words the seal reads to see that nothing changed (``gatherer``): a dict's version (CPython
+#: gives every dict a new one at each change, PEP 509; still kept in 3.13) and a function's
+#: code, defaults and keyword defaults.
+WORD_LAYOUT = {"dict_version": 3, "function_code": 6, "function_defaults": 7,
+               "function_kwdefaults": 8}
+
+
+def gatherer(built: dict | None):
+    """``gather(addresses, out, n)`` (ctypes arrays of int64) reading the word at each address,
+    or None where the native module is not built or ``WORD_LAYOUT`` does not hold here."""
+    if built is None or not _words_hold():
+        return None
+    pointer = ctypes.POINTER(ctypes.c_int64)
+    return ctypes.CFUNCTYPE(None, pointer, pointer, ctypes.c_int64)(built["gather"])
+
+
+def _words_hold() -> bool:
+    """Whether ``WORD_LAYOUT`` describes this interpreter: a dict's version changes when it
+    does and only then, a class's and a module's namespace too, and a function's fields are
+    where it says."""
+    import gc
+    import types
+
+    at = WORD_LAYOUT
+    d, other = {"a": 1}, {}
+    before = _word(id(d), at["dict_version"])
+    other["x"] = 1
+    unchanged = _word(id(d), at["dict_version"]) == before
+    d["a"] = 2
+    changed = _word(id(d), at["dict_version"]) != before
+
+    class Probe:
+        pass
+
+    space = gc.get_referents(vars(Probe))
+    if len(space) != 1 or type(space[0]) is not dict:
+        return False
+    cls_before = _word(id(space[0]), at["dict_version"])
+    Probe.x = 1
+    module = types.ModuleType("probe")
+    mod_before = _word(id(vars(module)), at["dict_version"])
+    module.x = 1
+
+    def f(a=1, *, b=2):
+        return a + b
+
+    return (unchanged and changed and _word(id(space[0]), at["dict_version"]) != cls_before
+            and _word(id(vars(module)), at["dict_version"]) != mod_before
+            and _word(id(f), at["function_code"]) == id(f.__code__)
+            and _word(id(f), at["function_defaults"]) == id(f.__defaults__)
+            and _word(id(f), at["function_kwdefaults"]) == id(f.__kwdefaults__))
+
+
 def _wanted() -> bool:
     return (os.environ.get("MLSYS_LAB_GUARD_HOOK", "native") != "python"
             and not sysconfig.get_config_var("Py_GIL_DISABLED")
@@ -395,6 +448,27 @@ def _build() -> dict:
     at("error")  # the Python hook raised: the exception propagates into the probed code
     b.ret(ir.Constant(i32, -1))
 
+    # void gather(i64* addresses, i64* out, i64 n): out[i] = the word at addresses[i] (the
+    # seal's fast comparison reads dict versions and function fields with it: ``WORD_LAYOUT``).
+    gather = ir.Function(module, ir.FunctionType(ir.VoidType(), [words, words, i64]),
+                         name="mlsys_lab_gather")
+    addresses, out, n = gather.args
+    entry, loop, step, end = (gather.append_basic_block(name) for name in (
+        "entry", "loop", "step", "end"))
+    b = ir.IRBuilder(entry)
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(i64)
+    i.add_incoming(const(0), entry)
+    b.cbranch(b.icmp_signed("<", i, n), step, end)
+    b.position_at_end(step)
+    source = b.inttoptr(b.load(b.gep(addresses, [i])), words)
+    b.store(b.load(source), b.gep(out, [i]))
+    i.add_incoming(b.add(i, const(1)), step)
+    b.branch(loop)
+    b.position_at_end(end)
+    b.ret_void()
+
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     parsed = llvm.parse_assembly(str(module))
@@ -404,4 +478,4 @@ def _build() -> dict:
     engine.finalize_object()
     # The machine code lives as long as the engine; the event strings are baked into it.
     return {"address": engine.get_function_address("mlsys_lab_guard_hook"), "engine": engine,
-            "events": _EVENTS}
+            "events": _EVENTS, "gather": engine.get_function_address("mlsys_lab_gather")}
