@@ -873,6 +873,24 @@ def test_the_kernels_guard_module_cannot_vouch_for_the_seal(tmp_path):
     assert "your notebook changed `json.dumps`" in report.rows[0].feedback, report.to_table()
 
 
+def test_every_checks_copy_of_the_guard_shares_the_kernels_caches():
+    """The hidden cell runs a fresh copy of the guard module for every check: its caches (files
+    compiled as on disk, fingerprints, n-grams) are the seal's, not empty ones (13.1-13.3 took
+    twice as long with each check recompiling what the one before had)."""
+    state = guard.seal()
+    plan = guard.plan_for(registry.get_exercise("97.1"))
+    copies = []
+    for _ in range(2):
+        spec = importlib.util.spec_from_file_location("guard_copy", guard.__file__)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.Guard(plan, state)
+        copies.append(module)
+    for name, key in (("_ON_DISK", "on_disk"), ("_IDENTITY", "identity"), ("_GRAMS", "grams"),
+                      ("_REALPATH", "realpath")):
+        assert getattr(copies[0], name) is getattr(copies[1], name) is state["caches"][key]
+
+
 def test_a_fake_result_from_the_answer_scores_zero(tmp_path):
     path = _notebook({"0.1": FAKE_RESULT_ANSWER}, tmp_path / "ch00_fake.ipynb")
     report = grade(path, cell_timeout=30, timeout=120)

@@ -210,7 +210,8 @@ def _identity(code: types.CodeType) -> tuple[str, int]:
         return known[1], known[2]
     fp, size = _normalise(code)
     key = id(code)
-    _IDENTITY[key] = (weakref.ref(code, lambda _, key=key: _IDENTITY.pop(key, None)), fp, size)
+    _IDENTITY[key] = (weakref.ref(code, lambda _, key=key, table=_IDENTITY: table.pop(key, None)),
+                      fp, size)
     return fp, size
 
 
@@ -283,7 +284,7 @@ def shingles(code: types.CodeType) -> frozenset:
     grams = frozenset(hash(tuple(tokens[i:i + n])) for n in _NGRAMS
                       for i in range(max(len(tokens) - n + 1, 0)))
     key = id(code)
-    _GRAMS[key] = (weakref.ref(code, lambda _, key=key: _GRAMS.pop(key, None)), grams)
+    _GRAMS[key] = (weakref.ref(code, lambda _, key=key, table=_GRAMS: table.pop(key, None)), grams)
     return grams
 
 
@@ -940,6 +941,19 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
     return state
 
 
+def _share_caches(state: dict) -> None:
+    """Keep this module's caches (files compiled as on disk, real paths, fingerprints and
+    n-grams of code objects, roots of installed code) in the seal: the hidden cell loads a
+    fresh copy of this module for every check, whose own caches would start empty."""
+    global _ON_DISK, _REALPATH, _IDENTITY, _GRAMS, _ROOTS
+    caches = state.get("caches")
+    if caches is None:
+        caches = state["caches"] = {"on_disk": _ON_DISK, "realpath": _REALPATH,
+                                    "identity": _IDENTITY, "grams": _GRAMS, "roots": _ROOTS}
+    _ON_DISK, _REALPATH, _IDENTITY, _GRAMS, _ROOTS = (caches[k] for k in (
+        "on_disk", "realpath", "identity", "grams", "roots"))
+
+
 def find_seal(key: str) -> dict | None:
     """The seal the grader's first cell recorded under ``key``, or None."""
     import builtins
@@ -1377,6 +1391,7 @@ class Guard:
         exercise's probes), never the student's."""
         self.task = plan.get("task", "this")
         self._state = state if state is not None else _local_seal()
+        _share_caches(self._state)
         self._by_clone: dict[str, list[dict]] = {}  # fingerprint -> entries
         self._by_where: dict[tuple, str] = {}
         self._by_synthetic: dict[tuple, dict[str, str]] = {}  # where -> {fingerprint: label}
