@@ -367,14 +367,16 @@ def test_a_copy_of_a_library_file_the_notebook_wrote_is_not_the_library(tmp_path
     (tmp_path / "statistics.py").write_text("import fakesolver\n\n\ndef fmean(xs):\n"
                                             "    return fakesolver.solve(xs)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    real = sys.modules.pop("statistics")
+    real = sys.modules.pop("statistics", None)  # not imported yet in some workers
     try:
         import statistics as shadow
         assert shadow.__file__.startswith(str(tmp_path))
         mean = _cell("import statistics\ndef mean(xs):\n    return statistics.fmean(xs)\n")
         _refused(run_cases("96.1", mean, seed=1), "fakesolver")
     finally:
-        sys.modules["statistics"] = real
+        sys.modules.pop("statistics", None)
+        if real is not None:
+            sys.modules["statistics"] = real
 
 
 # The same through the real grader, in a kernel (the demo notebook: quick).

@@ -658,8 +658,34 @@ def test_the_seal_names_a_library_kernel_whose_py_func_was_swapped(monkeypatch):
     monkeypatch.setattr(kernel, "overloads", {})  # as if every annotation were text
     label = g._dispatcher_label_of(kernel)
     assert label is not None and "_naive_kernel" in label[0]
-    del state["kernels"][id(kernel)]  # without the seal's record nothing names it
+    del state["kernels"][id(kernel)]  # without the seal's record, only Numba's own copy of
+    monkeypatch.setattr(kernel, "func_code", kernel.py_func.__code__)  # the code names it
     assert g._dispatcher_label_of(kernel) is None
+
+
+def test_a_kernel_imported_after_the_seal_is_named_by_what_its_overloads_were_compiled_from(
+        numba_answers, monkeypatch):
+    """A kernel whose module the notebook imports after the seal has no record there. With its
+    ``py_func``, ``func_code`` and ``__code__`` all swapped, and its overloads' annotations text
+    (as loaded from Numba's disk cache, where they carry no code), each overload's function
+    descriptor still names the module and function it was compiled from."""
+    from mlsys_lab.kernels import cpu
+
+    kernel = cpu._naive_kernel
+    state = guard.seal()
+    state["kernels"].pop(id(kernel), None)  # as if imported after the seal
+    g = guard.Guard(guard.plan_for(registry.get_exercise("97.3")), state)
+    fake = (lambda a, b, c: None)
+    monkeypatch.setattr(kernel, "py_func", fake)
+    monkeypatch.setattr(kernel, "func_code", fake.__code__)
+    monkeypatch.setattr(kernel, "__code__", fake.__code__)
+    monkeypatch.setattr(kernel, "overloads", {sig: cres._replace(type_annotation="as text")
+                                              for sig, cres in kernel.overloads.items()})
+    assert kernel.overloads  # numba_answers compiled it
+    label = g._dispatcher_label_of(kernel)
+    assert label is not None and "_naive_kernel" in label[0]
+    monkeypatch.setattr(kernel, "overloads", {})
+    assert g._dispatcher_label_of(kernel) is None  # nothing else names it
 
 
 def test_numba_overload_compiled_between_two_probes_is_switched_off():
@@ -854,14 +880,14 @@ def test_the_kernel_cannot_change_the_verdict(attack, tmp_path):
 # the seal's record was built by it: a comparison that lived on that record's class answered
 # "nothing changed" for whatever the notebook had replaced.
 SEAL_COMPARISON_ATTACK = """
-import json
+import math
 import mlsys_lab.grading.core.guard as g
 for owner in (getattr(g, "_Frozen", None), g):
     for name in ("same", "_frozen_same", "frozen_same"):
         if owner is not None and hasattr(owner, name):
             setattr(owner, name, lambda *a, **k: True)
 g.tampered = lambda state: []
-json.dumps = lambda *a, **k: "{}"
+math.fsum = lambda xs: 0.0
 """
 
 
@@ -870,7 +896,7 @@ def test_the_kernels_guard_module_cannot_vouch_for_the_seal(tmp_path):
     path = _notebook(answers, tmp_path / "ch00_seal.ipynb", extra=SEAL_COMPARISON_ATTACK)
     report = grade(path, cell_timeout=30, timeout=120)
     assert _points(report)["0.1"] == 0, report.to_table()
-    assert "your notebook changed `json.dumps`" in report.rows[0].feedback, report.to_table()
+    assert "your notebook changed `math.fsum`" in report.rows[0].feedback, report.to_table()
 
 
 def test_every_checks_copy_of_the_guard_shares_the_kernels_caches():

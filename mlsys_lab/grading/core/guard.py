@@ -1430,6 +1430,7 @@ class Guard:
         self._entry_points: dict[int, tuple[Any, tuple[str, str]]] = {}
         self._dispatch_codes: dict[int, types.CodeType] = {}
         self._found: list | None = None
+        self._by_name: dict[tuple[str, str], Any] | None = None  # see ``_label_by_name``
         self._off: tuple[tuple, dict] | None = None  # (overload counts, what to switch off)
         self._clean: dict[int, tuple[Any, int]] = {}  # dispatchers that run no forbidden code
         self._students: dict[int, types.CodeType] = {}  # the student's code seen, by id
@@ -1772,9 +1773,12 @@ class Guard:
         sealed = self._state["kernels"].get(id(dispatcher))
         if sealed is not None and sealed[0] is dispatcher:  # its py_func when the seal was taken
             codes.append(sealed[1])
+        # The code Numba made the dispatcher from, which it keeps beside ``py_func``.
+        codes.append(getattr(dispatcher, "__dict__", {}).get("func_code"))
         # What the overloads were compiled from: a swapped ``py_func`` does not change them.
         overloads = getattr(dispatcher, "overloads", None)
-        for cres in list(overloads.values()) if isinstance(overloads, dict) else ():
+        compiled = list(overloads.values()) if isinstance(overloads, dict) else []
+        for cres in compiled:
             func_id = getattr(getattr(cres, "type_annotation", None), "func_id", None)
             codes.append(getattr(func_id, "code", None))
         for code in codes:
@@ -1784,7 +1788,29 @@ class Guard:
                     entry = self._classify(code)
                 if entry[1] == _FORBIDDEN:
                     return entry[2]
+        # An overload loaded from Numba's disk cache has its annotation as text; its function
+        # descriptor still names the module and function it was compiled from.
+        for cres in compiled:
+            described = getattr(cres, "fndesc", None)
+            label = self._label_by_name(getattr(described, "modname", None),
+                                        getattr(described, "qualname", None))
+            if label is not None:
+                return label
         return None
+
+    def _label_by_name(self, module: Any, qualname: Any) -> tuple[str, str] | None:
+        """The label of the forbidden function ``qualname`` of module ``module`` (by the
+        module's file), or None."""
+        if not (isinstance(module, str) and isinstance(qualname, str)):
+            return None
+        path = getattr(sys.modules.get(module), "__file__", None)
+        if not isinstance(path, str):
+            return None
+        if self._by_name is None:
+            self._by_name = {(file, name): label
+                             for (file, _, name), label in self._by_where.items()}
+        label = self._by_name.get((_realpath(path), qualname))
+        return (label, "") if isinstance(label, str) else label
 
     def _switch_off_dispatchers(self) -> None:
         """Find every compiled dispatcher that runs forbidden code and switch its entries off."""
