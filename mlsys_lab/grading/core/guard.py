@@ -80,6 +80,7 @@ reverse engineering and out of scope.
 
 from __future__ import annotations
 
+import bisect
 import dis
 import functools
 import gc
@@ -167,7 +168,7 @@ def _normalise(code: types.CodeType, outer: dict[str, str] | None = None) -> tup
                 n_locals += 1
         return tokens[name]
 
-    instructions = list(dis.get_instructions(code))
+    instructions = _instructions(code)
     index, kept = {}, 0  # jump target offset -> index of the next kept instruction
     for ins in instructions:
         index[ins.offset] = kept
@@ -201,6 +202,21 @@ def _normalise(code: types.CodeType, outer: dict[str, str] | None = None) -> tup
         parts.append(text)
     digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
     return digest, kept
+
+
+_DECODED: list = [None, None]  # the last code object decoded (a weak reference) and its list
+
+
+def _instructions(code: types.CodeType) -> list:
+    """``dis.get_instructions(code)`` as a list, kept for the last code object decoded: its
+    fingerprint and its n-grams are usually computed one after the other (``Guard._label``),
+    and decoding is most of the cost of either."""
+    last = _DECODED[0]
+    if last is not None and last() is code:
+        return _DECODED[1]
+    instructions = list(dis.get_instructions(code))
+    _DECODED[:] = [weakref.ref(code), instructions]
+    return instructions
 
 
 def _identity(code: types.CodeType) -> tuple[str, int]:
@@ -237,7 +253,7 @@ def _tokens(code: types.CodeType) -> list[str]:
     nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(
         code.co_flags & 0x08)
     args = {name: f"A{i}" for i, name in enumerate(code.co_varnames[:nargs])}
-    instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in _DROP]
+    instructions = [ins for ins in _instructions(code) if ins.opname not in _DROP]
     read = set(code.co_cellvars) | set(code.co_freevars)
     for ins in instructions:
         if ins.opname in _LOCAL_OPS and _LOCAL_OPS[ins.opname] != "STORE":
@@ -1399,6 +1415,7 @@ class Guard:
         # Each big forbidden function's n-gram count; its n-grams are computed when a copy of
         # about its size shows up (``_similar``), once per kernel.
         self._gram_counts: dict[str, int | None] = {}
+        self._counts_sorted: tuple[list[int], list[str]] | None = None
         self._where_of_fp: dict[str, tuple] = {}
         for e in plan["code"]:
             fp, label = e["fp"], e["label"]
@@ -1478,11 +1495,27 @@ class Guard:
         if label is None and size >= DISTINCTIVE and self._by_fp:
             label = self._by_fp.get(fp)
             if label is None:
-                matches = _similar(self._state, code, self._gram_counts, self._where_of_fp)
+                matches = _similar(self._state, code, self._similar_candidates(code),
+                                   self._where_of_fp)
                 label = self._by_fp[matches[0]] if matches else None
         if label is not None:
             return label, f" (your `{name}` is a copy of its code)"
         return None
+
+    def _similar_candidates(self, code: types.CodeType) -> dict[str, int | None]:
+        """The big forbidden functions ``code`` could be a copy of: those whose n-gram count is
+        within a factor ``SIMILAR`` of its own (Jaccard similarity is at most the ratio of the
+        two counts), found by bisection in the counts sorted once per guard."""
+        if self._counts_sorted is None:
+            counted = sorted((c, fp) for fp, c in self._gram_counts.items() if c is not None)
+            self._counts_sorted = ([c for c, _ in counted], [fp for _, fp in counted])
+        counts, fps = self._counts_sorted
+        n = len(shingles(code))
+        lo = bisect.bisect_left(counts, SIMILAR * n * (1 - 1e-9))
+        hi = bisect.bisect_right(counts, n / SIMILAR * (1 + 1e-9))
+        candidates = {fp: self._gram_counts[fp] for fp in fps[lo:hi]}
+        candidates.update((fp, c) for fp, c in self._gram_counts.items() if c is None)
+        return candidates
 
     def _clone_of(self, code: types.CodeType, fp: str, qualname: str) -> str | None:
         """The label of the forbidden function ``code`` is a clone of: the same instruction
