@@ -917,6 +917,26 @@ def test_every_checks_copy_of_the_guard_shares_the_kernels_caches():
         assert getattr(copies[0], name) is getattr(copies[1], name) is state["caches"][key]
 
 
+def test_code_nested_in_the_sealed_code_is_the_librarys_by_identity():
+    """The grader's seal records every function's own code; a closure or comprehension inside
+    it is recognised when it runs, by identity among the constants of the recorded code of its
+    file. A copy of that nested code, changed or not, is not it."""
+    import builtins
+
+    state = guard.seal("nested-test")
+    try:
+        parent = next(c for c in state["codes"].values() if not c.co_filename.startswith("<")
+                      and any(isinstance(k, types.CodeType) for k in c.co_consts))
+        inner = next(k for k in parent.co_consts if isinstance(k, types.CodeType))
+        assert id(inner) not in state["codes"]  # not recorded itself
+        assert guard._nested_in_sealed(state, inner) and guard._trusted(state, inner)
+        assert not guard._nested_in_sealed(state, inner.replace(co_name=inner.co_name))
+        edited = inner.replace(co_consts=inner.co_consts + ("an edit",))
+        assert not guard._trusted(state, edited)
+    finally:
+        del vars(builtins)[guard._SEAL_NAME.format("nested-test")]
+
+
 def test_a_fake_result_from_the_answer_scores_zero(tmp_path):
     path = _notebook({"0.1": FAKE_RESULT_ANSWER}, tmp_path / "ch00_fake.ipynb")
     report = grade(path, cell_timeout=30, timeout=120)
