@@ -917,6 +917,24 @@ def test_every_checks_copy_of_the_guard_shares_the_kernels_caches():
         assert getattr(copies[0], name) is getattr(copies[1], name) is state["caches"][key]
 
 
+@pytest.mark.parametrize("words", ["native", "python"])
+def test_tampered_does_not_rely_on_builtins_the_notebook_replaced(words, monkeypatch):
+    """The comparison uses the builtins as they were at the seal: ``all`` always True and an
+    empty ``range`` would otherwise have hidden every change, themselves included."""
+    import builtins
+    import math
+
+    state = guard.seal()
+    if words == "python":
+        state["frozen"]["gather"] = None
+    monkeypatch.setattr(builtins, "all", lambda iterable: True)
+    monkeypatch.setattr(builtins, "range", lambda *args: iter(()))
+    monkeypatch.setattr(math, "fsum", lambda xs: 0.0)
+    found = guard.tampered(state)
+    monkeypatch.undo()
+    assert {"`math.fsum`", "`builtins.all`", "`builtins.range`"} <= set(found), found
+
+
 def test_code_nested_in_the_sealed_code_is_the_librarys_by_identity():
     """The grader's seal records every function's own code; a closure or comprehension inside
     it is recognised when it runs, by identity among the constants of the recorded code of its

@@ -1066,8 +1066,8 @@ def _frozen(modules: dict[str, tuple], classes: dict[str, tuple], gather) -> dic
         "spaces": spaces, "functions": tuple(functions),
         "code": tuple(c[0] for c in code), "defaults": tuple(c[1] for c in code),
         "kwdefaults": tuple(c[2] for c in code),
-        "ops": (all, map, len, operator.is_, operator.getitem, sys.modules.get, bytes, _GET_CODE,
-                _GET_DEFAULTS, _GET_KWDEFAULTS),
+        "ops": (all, map, len, range, operator.is_, operator.getitem, sys.modules.get, bytes,
+                _GET_CODE, _GET_DEFAULTS, _GET_KWDEFAULTS),
         "gather": None,
     }
     dicts = [gc.get_referents(space) if type(space) is not dict else [space]
@@ -1109,12 +1109,12 @@ def _frozen_same(frozen: dict) -> str:
     With the native reader, the namespaces and functions whose words (``_frozen``) are as
     recorded are unchanged; only the others are compared name by name, and when nothing
     changed, the words are recorded again (a kernel adds names to modules as it runs)."""
-    all_, map_, len_, is_, getitem, modules_get, bytes_, get_code, get_defaults, get_kw = \
+    all_, map_, len_, range_, is_, getitem, modules_get, bytes_, get_code, get_defaults, get_kw = \
         frozen["ops"]
     gather = frozen["gather"]
     spaces = frozen["spaces"]
     if gather is None:
-        changed, functions_changed, modules_changed = range(len_(spaces)), True, True
+        changed, functions_changed, modules_changed = range_(len_(spaces)), True, True
     else:
         words, now = frozen["words"], frozen["now"]
         gather(frozen["addresses"], now, len_(now))
@@ -1122,7 +1122,7 @@ def _frozen_same(frozen: dict) -> str:
         if bytes_(now) == bytes_(words) and not always:
             return ""
         count = len_(spaces)
-        changed = [i for i in range(count) if now[i] != words[i]] + always
+        changed = [i for i in range_(count) if now[i] != words[i]] + always
         modules_changed = now[count] != words[count]
         functions_changed = bytes_(now)[8 * (count + 1):] != bytes_(words)[8 * (count + 1):]
     if modules_changed and not all_(map_(is_, map_(modules_get, frozen["names"],
