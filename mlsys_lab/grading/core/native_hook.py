@@ -114,52 +114,56 @@ class Tables:
 
 class _Table:
     """An open-addressing hash set of ``width``-word keys (addresses) in a numpy array, at most
-    half full, published to the control block as (address, mask). Inserted from Python only;
-    a grown table keeps its old array alive (a native reader that raced the swap reads it)."""
+    half full, published to the control block as (address, mask). Keys are added from Python
+    only. A full table is replaced by one four times larger, filled before it is published, the
+    address before the mask: a native reader in another thread that sees the new address with
+    the old mask probes a prefix of the new table, which holds fewer keys than it has slots, so
+    it ends at an empty slot (a miss sends the event to Python, which is always safe). Replaced
+    arrays are kept alive."""
 
     def __init__(self, control: np.ndarray, slot: int, width: int):
         self.control, self.slot, self.width = control, slot, width
         self.held: list = []
         self._old: list[np.ndarray] = []
-        self._allocate(16)
+        self.keys, self.size, self.count = np.zeros(16 * width, np.int64), 16, 0
+        self._publish()
 
-    def _allocate(self, size: int) -> None:
-        self.keys = np.zeros(size * self.width, np.int64)
-        self.size, self.count = size, 0
-        # The address first: a reader that sees the new address with the old, smaller mask
-        # looks at a prefix of the new table (a miss: the event goes to Python), never past it.
+    def _publish(self) -> None:
         self.control[self.slot] = self.keys.ctypes.data
-        self.control[self.slot + 1] = size - 1
+        self.control[self.slot + 1] = self.size - 1
 
     def add(self, key: int | tuple, hold: Any = None) -> None:
         key = (key,) if isinstance(key, int) else tuple(key)
         if 2 * (self.count + 1) > self.size:
-            old = self.keys.reshape(-1, self.width)
+            rows = self.keys.reshape(-1, self.width)
+            grown = np.zeros(4 * self.size * self.width, np.int64)
+            count = sum(_put(grown, self.width, tuple(row)) for row in
+                        rows[rows[:, 0] != 0].tolist())
             self._old.append(self.keys)
-            self._allocate(4 * self.size)
-            for row in old[old[:, 0] != 0].tolist():
-                self._put(tuple(row))
-        self._put(key)
+            self.keys, self.size, self.count = grown, 4 * self.size, count
+            self._publish()
+        self.count += _put(self.keys, self.width, key)
         if hold is not None:
             self.held.append(hold)
 
-    def _put(self, key: tuple) -> None:
-        width, keys, mask = self.width, self.keys, self.size - 1
-        i = _hash(key) & mask
-        while True:
-            row = tuple(int(v) for v in keys[i * width:(i + 1) * width])
-            if row == key:
-                return
-            if row[0] == 0:
-                keys[i * width:(i + 1) * width] = key
-                self.count += 1
-                return
-            i = (i + 1) & mask
-
     def clear(self) -> None:
-        self.keys[:] = 0
+        self.keys[:] = 0  # one C call: a reader sees the table before or after
         self.count = 0
         self.held.clear()
+
+
+def _put(keys: np.ndarray, width: int, key: tuple) -> bool:
+    """Insert ``key`` by linear probing from ``_hash``; whether it was new."""
+    mask = len(keys) // width - 1
+    i = _hash(key) & mask
+    while True:
+        row = tuple(int(v) for v in keys[i * width:(i + 1) * width])
+        if row == key:
+            return False
+        if row[0] == 0:
+            keys[i * width:(i + 1) * width] = key
+            return True
+        i = (i + 1) & mask
 
 
 def _hash(key: tuple) -> int:
