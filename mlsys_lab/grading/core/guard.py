@@ -1092,9 +1092,9 @@ def _frozen(modules: dict[str, tuple], classes: dict[str, tuple], gather) -> dic
         n = len(addresses)
         frozen["dicts"] = dicts  # held: their addresses stay theirs
         frozen["addresses"] = (ctypes.c_int64 * n).from_buffer_copy(addresses)
-        frozen["words"] = (ctypes.c_int64 * n)()
         frozen["now"] = (ctypes.c_int64 * n)()
-        gather(frozen["addresses"], frozen["words"], n)
+        gather(frozen["addresses"], frozen["now"], n)
+        frozen["words"] = bytes(frozen["now"])  # the record: compared as bytes
         frozen["gather"] = gather
     return frozen
 
@@ -1118,13 +1118,15 @@ def _frozen_same(frozen: dict) -> str:
     else:
         words, now = frozen["words"], frozen["now"]
         gather(frozen["addresses"], now, len_(now))
+        now = bytes_(now)
         always = frozen["always"]
-        if bytes_(now) == bytes_(words) and not always:
+        if now == words and not always:
             return ""
         count = len_(spaces)
-        changed = [i for i in range_(count) if now[i] != words[i]] + always
-        modules_changed = now[count] != words[count]
-        functions_changed = bytes_(now)[8 * (count + 1):] != bytes_(words)[8 * (count + 1):]
+        changed = [i for i in range_(count) if now[8 * i:8 * i + 8] != words[8 * i:8 * i + 8]]
+        changed += always
+        modules_changed = now[8 * count:8 * count + 8] != words[8 * count:8 * count + 8]
+        functions_changed = now[8 * (count + 1):] != words[8 * (count + 1):]
     if modules_changed and not all_(map_(is_, map_(modules_get, frozen["names"],
                                                    frozen["modules"]), frozen["modules"])):
         return "changed"
@@ -1145,7 +1147,7 @@ def _frozen_same(frozen: dict) -> str:
     if grew:
         return "grew"  # words kept: the class is looked at again every time
     if gather is not None:
-        words[:] = now  # nothing changed that matters: compare against today's words next time
+        frozen["words"] = now  # nothing changed that matters: compare with today's words next
     return ""
 
 
