@@ -1849,10 +1849,12 @@ class Guard:
         for code in codes:
             if isinstance(code, types.CodeType):
                 entry = self._seen.get(id(code))
-                if entry is None or entry[0] is not code:
-                    entry = self._classify(code)
-                if entry[1] == _FORBIDDEN:
-                    return entry[2]
+                if entry is not None and entry[0] is code:
+                    label = entry[2] if entry[1] == _FORBIDDEN else None
+                else:  # only whether it is forbidden: its code runs as Python only when off
+                    label = self._label(code)
+                if label is not None:
+                    return label
         # An overload loaded from Numba's disk cache has its annotation as text; its function
         # descriptor still names the module and function it was compiled from.
         for cres in compiled:
