@@ -278,12 +278,13 @@ def _layout_holds() -> bool:
     at words 2, 3 and 4."""
     hook = Hook(print)
     bound, other = [].append, [].append
-    name = ctypes.c_char_p.from_address(_word(id(bound), 2)).value
     return (_word(id(hook), 1) == id(Hook) and _word(id(hook), 2) == id(hook.control)
             and _word(id(hook.control), 2) == hook.control.ctypes.data
             and _word(id(len), 3) == id(len.__self__) and _word(id(len), 4) == id(len.__module__)
+            and _word(id(bound), 3) == id(bound.__self__) and _word(id(bound), 4) == 0
             and _word(id(bound), 2) == _word(id(other), 2) != _word(id([].pop), 2)
-            and name == b"append" and _word(id(bound), 4) == 0)
+            # read last, once the words around it are what they should be: a pointer
+            and ctypes.c_char_p.from_address(_word(id(bound), 2)).value == b"append")
 
 
 _SYMBOLS = {  # name: (return type, argument types), in the IR's terms
