@@ -106,3 +106,25 @@ CACHE = DIRECTORY is not None
 _IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # renamed in Numba 0.61
 if LabCacheLocator not in _IMPL._locator_classes:
     _IMPL._locator_classes.insert(0, LabCacheLocator)
+
+# Two processes that compile different signatures of one kernel at once (two test workers, a
+# notebook and its DataLoader workers, on a cold cache) read the same index, pick the same next
+# data file name (``kernel.3.nbc``) and both write it: the index can then list one signature
+# against the other's machine code, and a later process that loads it fails with "can't unbox
+# array" (seen once in the suite). In our directory each process names its data files with a
+# token of its own, so two writers never share a file; the index, rewritten whole by its last
+# writer, may drop the other's entry, which only costs a compile.
+_TOKEN = f"{os.getpid():x}{os.urandom(2).hex()}"
+_numba_data_name = caching.IndexDataCacheFile._data_name
+
+
+def _own_data_name(self, number):
+    name = _numba_data_name(self, number)
+    if DIRECTORY is None or not str(self._cache_path).startswith(str(DIRECTORY)):
+        return name  # not ours: Numba's own names
+    stem, _, suffix = name.rpartition(".")
+    return f"{stem}.{_TOKEN}.{suffix}"
+
+
+if getattr(caching.IndexDataCacheFile._data_name, "__name__", "") != "_own_data_name":
+    caching.IndexDataCacheFile._data_name = _own_data_name

@@ -118,3 +118,31 @@ def test_cached_kernels_still_match_numpy():
     want = np.zeros((5, 3))
     np.add.at(want, rows, values)
     np.testing.assert_allclose(sparse.scatter_add_rows(np.zeros((5, 3)), rows, values), want)
+
+
+def test_two_processes_saving_a_kernel_at_once_never_write_one_data_file(tmp_path, monkeypatch):
+    """Process A and process B read the same index, each add a signature, and their writes
+    interleave (index A, index B, data B, data A). With the same next data file name, the index
+    listed B's signature against A's machine code; with a token per process it cannot."""
+    from numba.core import caching
+
+    monkeypatch.setattr(numba_cache, "DIRECTORY", tmp_path)
+    a = caching.IndexDataCacheFile(str(tmp_path), "kernel-7", (1.0, 10))
+    b = caching.IndexDataCacheFile(str(tmp_path), "kernel-7", (1.0, 10))
+    pending = []
+    monkeypatch.setattr(caching.IndexDataCacheFile, "_save_data",
+                        lambda self, name, data: pending.append((name, data)))
+    stale = a._load_index()  # what both read: empty
+    monkeypatch.setattr(numba_cache, "_TOKEN", "a0")
+    a.save(("float64",), "machine code for float64")
+    monkeypatch.setattr(numba_cache, "_TOKEN", "b1")
+    monkeypatch.setattr(b, "_load_index", lambda: dict(stale))
+    b.save(("int32",), "machine code for int32")
+    monkeypatch.undo()
+    for name, data in reversed(pending):  # B's data lands first, A's last
+        a._save_data(name, data)
+    index = a._load_index()
+    assert index  # the last index written lists one of them
+    for key, name in index.items():
+        assert a._load_data(name) == f"machine code for {key[0]}", (key, name)
+    assert pending[0][0] != pending[1][0] and all(n.endswith(".nbc") for n, _ in pending)
