@@ -332,10 +332,12 @@ def test_a_worker_that_dies_costs_only_its_own_submission(tmp_path):
     def kill_the_worker():  # SIGKILL the worker (not its kernel) while amy's notebook hangs
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            table = processes()
             for pid, cmd in descendants(os.getpid(), zombies=False).items():
-                if "ipykernel" in cmd:
-                    killed.update(kernel=pid, worker=table[pid][0])
+                # the table read after the kernel was seen: one read before could miss it
+                # (a KeyError here once left the worker alive and the test waiting)
+                parent = processes().get(pid)
+                if "ipykernel" in cmd and parent is not None:
+                    killed.update(kernel=pid, worker=parent[0])
                     time.sleep(1.0)
                     os.kill(killed["worker"], signal.SIGKILL)
                     return
