@@ -1488,6 +1488,7 @@ class Guard:
         self._c_static.update((i, (f, _TAMPER, name)) for i, (f, name) in self._watched_c.items())
         self._c_ids = dict(self._c_static)
         self._tables: native_hook.Tables | None = None  # the native hook's, when it is used
+        self._published_c_ids: frozenset[int] = frozenset()  # what its c_ids table lists
         self.hook = self._make_hook()
         self.trust(trusted)
 
@@ -1983,10 +1984,12 @@ class Guard:
         _ACTIVE = self
         self._state["active"] = self
         tables = self._tables
-        if tables is not None:  # the native hook: the C functions watched by identity
-            tables.c_ids.clear()
-            for key in self._c_ids:
+        watched = frozenset(self._c_ids)
+        if tables is not None and watched != self._published_c_ids:
+            tables.c_ids.clear()  # the native hook's table: the C functions watched by identity
+            for key in watched:
                 tables.c_ids.add(key)
+            self._published_c_ids = watched
         if hasattr(threading, "setprofile_all_threads"):  # Python 3.12+: running threads too
             if tables is None:
                 threading.setprofile_all_threads(self.hook)

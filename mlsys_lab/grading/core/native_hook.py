@@ -192,19 +192,21 @@ def build() -> dict | None:
 
 def install(address: int, hook: Hook) -> None:
     """Make ``hook`` this thread's profile function: the native function at ``address``."""
-    _set_profile()(address, hook)
+    _setter("PyEval_SetProfile")(address, hook)
 
 
 def install_all_threads(address: int, hook: Hook) -> None:
     """Python 3.12+: make ``hook`` every running thread's profile function (natively)."""
-    fn = ctypes.pythonapi.PyEval_SetProfileAllThreads
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.py_object], None
-    fn(address, hook)
+    _setter("PyEval_SetProfileAllThreads")(address, hook)
 
 
-def _set_profile():
-    fn = ctypes.pythonapi.PyEval_SetProfile
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.py_object], None
+def _setter(name: str):
+    """``PyEval_SetProfile`` or its all-threads twin, typed once (holding the GIL, as
+    ``ctypes.pythonapi`` does): (function, object) -> None."""
+    fn = _BUILT.get(name)
+    if fn is None:
+        fn = _BUILT[name] = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.py_object)(
+            (name, ctypes.pythonapi))
     return fn
 
 
