@@ -1666,6 +1666,153 @@ def test_h5_swapping_a_functions_code_is_seen(sealed, capsys, monkeypatch):
     assert result.score == 0 and "`mlsys_lab.distributed.sim.run`" in _feedback(result)
 
 
+LATE = "mlsys_lab.engine.random_graphs"  # 7.2's probe imports it; the seal does not
+
+# What a notebook's cell defines, compiled as a kernel compiles a cell: the student's code.
+LATE_CELL = """
+import mlsys_lab.engine.random_graphs as late
+
+real_random_graph = late.random_graph
+
+def random_graph(*args, **kwargs):
+    return real_random_graph(*args, **kwargs)
+
+class Caller:
+    def __call__(self, *args, **kwargs):
+        return real_random_graph(*args, **kwargs)
+
+RAN = []
+
+class Meta(type):
+    def __getattribute__(cls, name):
+        RAN.append(name)
+        return type.__getattribute__(cls, name)
+
+class Odd(metaclass=Meta):
+    pass
+
+class Liar:
+    @property
+    def __class__(self):
+        RAN.append("__class__")
+        return type
+"""
+
+
+@pytest.fixture
+def imported_late(monkeypatch):
+    """``LATE`` as a module first imported after the seal: out of ``sys.modules`` (and its
+    package) until the test's cell imports it again; the process's own copy is put back."""
+    import mlsys_lab.engine
+    import mlsys_lab.engine.random_graphs  # noqa: F401 - the copy to put back
+
+    monkeypatch.delitem(sys.modules, LATE)
+    monkeypatch.delattr(mlsys_lab.engine, "random_graphs")
+
+    def cell():
+        scope: dict = {}
+        exec(compile(LATE_CELL, "/tmp/ipykernel_late/1.py", "exec"), scope)
+        monkeypatch.setitem(sys.modules, LATE, scope["late"])  # undone after the test
+        return scope
+
+    return cell
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("how", ["function", "method", "callable object", "class"])
+def test_h5_a_module_first_imported_after_the_seal_is_sealed_when_first_seen(when, how,
+                                                                             imported_late):
+    """H5, late: a sealed module the notebook imports after the seal is recorded when
+    ``tampered`` first sees it, if all it holds is the library's code. A member replaced by the
+    notebook's code before that (a function, a method, an object whose class is the
+    notebook's, a class) is named then; one replaced after it, from then on."""
+    state = guard.seal()
+    cell = imported_late()
+    module = cell["late"]
+    assert LATE not in state["modules"]
+    if when == "after":
+        assert guard.tampered(state) == []
+        assert state["modules"][LATE][0] is module
+    if how == "method":
+        module._Program.pick = cell["random_graph"]
+        where = f"`{LATE}._Program" + (".pick`" if when == "after" else "` (`_Program.pick`)")
+    else:
+        fake = {"function": cell["random_graph"], "callable object": cell["Caller"](),
+                "class": cell["Caller"]}[how]
+        module.random_graph = fake
+        where = f"`{LATE}.random_graph`"
+        if when == "before" and how != "function":
+            where += " (`Caller.__call__`)"
+    found = guard.tampered(state)
+    assert found == [where]
+    assert guard.tampered(state) == found  # named again: a refusal sticks
+
+
+def test_the_late_seal_never_runs_the_notebooks_code(imported_late):
+    """Looking at a late module's members neither asks a lying ``__class__`` nor a
+    metaclass's ``__getattribute__``: the notebook's code would run outside any probe, after
+    the comparison that would have seen what it changes."""
+    state = guard.seal()
+    cell = imported_late()
+    cell["late"].liar = cell["Liar"]()
+    cell["late"].odd = cell["Odd"]
+    cell["RAN"].clear()
+    found = guard.tampered(state)
+    assert cell["RAN"] == []
+    assert found == [f"`{LATE}.liar` (`Liar.__class__`)", f"`{LATE}.odd` (`Meta.__getattribute__`)"]
+
+
+def test_a_late_module_as_the_library_wrote_it_is_recorded_and_costs_one_look(imported_late):
+    state = guard.seal()
+    module = imported_late()["late"]
+    assert guard.tampered(state) == []
+    assert state["modules"][LATE][0] is module and LATE in state["late_done"]
+    classes = [name for name in state["classes"] if name.startswith(LATE + ".")]
+    recorded = len(state["late"])
+    assert guard.tampered(state) == [] and len(state["late"]) == recorded  # nothing new
+    module.random_program.__code__ = module.random_graph.__code__  # a swap within the library
+    assert guard.tampered(state) == [f"`{LATE}.random_program`"]
+    assert classes == [n for n in state["classes"] if n.startswith(LATE + ".")]
+
+
+def test_h5_a_function_a_probe_imports_late_cannot_be_replaced(sealed, capsys, imported_late):
+    """7.2's probe imports ``random_graph`` as it runs (the seal has not seen its module): a
+    notebook that imported it first and wrapped it fails every case; untouched, the answer
+    keeps full marks."""
+    answer = _solution_source("ch07_compiler_backend_runtime.ipynb", "cancel_transpose_pairs")
+    sealed("7.2")
+    cell = imported_late()
+    namespace = {"cancel_transpose_pairs": answer["cancel_transpose_pairs"]}
+    honest = _emit("7.2", namespace, capsys)
+    assert honest.score == honest.max, honest.report()
+    cell["late"].random_graph = cell["random_graph"]
+    result = _emit("7.2", namespace, capsys)
+    assert result.score == 0 and f"`{LATE}.random_graph`" in _feedback(result), result.report()
+
+
+# A module the grader's seal does not import, imported and wrapped by a notebook cell: the
+# probes of the demo do not use it, but ``tampered`` cannot know what a probe will import.
+LATE_ATTACK = """
+import mlsys_lab.engine.random_graphs as _late
+_real = _late.random_graph
+_late.random_graph = lambda *args, **kwargs: _real(*args, **kwargs)
+"""
+
+
+def test_a_module_imported_after_the_seal_and_changed_scores_zero_under_the_grader(tmp_path):
+    nb = nbformat.read(DEMO_SOLUTION, as_version=4)
+    nb.cells.insert(1, nbformat.v4.new_code_cell("import mlsys_lab.engine.random_graphs"))
+    nbformat.write(nb, tmp_path / "ch00_late_honest.ipynb")
+    honest = grade(tmp_path / "ch00_late_honest.ipynb", cell_timeout=30, timeout=120)
+    assert honest.total == honest.max, honest.to_table()
+    nb.cells[1].source = LATE_ATTACK
+    nbformat.write(nb, tmp_path / "ch00_late.ipynb")
+    report = grade(tmp_path / "ch00_late.ipynb", cell_timeout=30, timeout=120)
+    assert report.total == 0, report.to_table()
+    assert all("`mlsys_lab.engine.random_graphs.random_graph`" in row.feedback
+               for row in report.rows), report.to_table()
+
+
 @pytest.mark.parametrize("words", ["native", "python"])
 def test_tampered_sees_every_kind_of_change_the_fast_comparison_must_not_miss(words,
                                                                                monkeypatch):

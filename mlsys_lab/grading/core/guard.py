@@ -326,12 +326,12 @@ def _exact(code: types.CodeType) -> tuple:
             code.co_cellvars, code.co_flags, code.co_argcount, code.co_kwonlyargcount)
 
 
-_ON_DISK: dict[str, dict[tuple, tuple] | None] = {}  # file -> {where: _exact of its code there}
+_ON_DISK: dict[str, dict[tuple, types.CodeType] | None] = {}  # file -> {where: its code there}
 
 
-def _on_disk(filename: str) -> dict[tuple, tuple] | None:
-    """``{where: (_exact, code)}`` of every code object compiled from a source file as it is on
-    disk (once per file), or None when it is not a Python source file that compiles."""
+def _on_disk(filename: str) -> dict[tuple, types.CodeType] | None:
+    """``{where: code}`` of every code object compiled from a source file as it is on disk (once
+    per file), or None when it is not a Python source file that compiles."""
     path = _REALPATH.get(filename) or os.path.realpath(filename)
     if path in _ON_DISK:
         return _ON_DISK[path]
@@ -345,7 +345,7 @@ def _on_disk(filename: str) -> dict[tuple, tuple] | None:
             except (OSError, SyntaxError, ValueError):
                 top = None
         if top is not None:
-            table = {_where(c): (_exact(c), c) for c in _codes(top)}
+            table = {_where(c): c for c in _codes(top)}
     _ON_DISK[path] = table
     return table
 
@@ -419,15 +419,16 @@ def _as_on_disk(code: types.CodeType) -> bool:
         return False
     table = _on_disk(code.co_filename)
     known = table.get(_where(code)) if table else None
-    return known is not None and known[0] == _exact(code)
+    # Code objects compare their instructions (unspecialised), constants, names, line table and
+    # signature, never calling a constant's ``__eq__`` (other objects count by identity).
+    return known is not None and (known is code or known == code)
 
 
 def _code_at(where: tuple) -> types.CodeType | None:
     """The code object the file ``where[0]`` compiles to at ``where`` (a forbidden function's
     code, for its n-grams, when the kernel has not imported it)."""
     table = _on_disk(where[0]) if not _synthetic(where[0]) else None
-    known = table.get(tuple(where)) if table else None
-    return known[1] if known else None
+    return table.get(tuple(where)) if table else None
 
 
 def _grader_own(code: types.CodeType) -> bool:
@@ -710,7 +711,11 @@ SEALED_MODULES = ("mlsys_lab", "json", "threading", "_thread", "queue", "numpy",
                   "concurrent", "IPython.display", "IPython.core.display_functions",
                   "IPython.core.displaypub", "ipykernel.zmqshell", "ipykernel.iostream",
                   "jupyter_client.session", "zmq.sugar.socket",
-                  "weakref", "_weakrefset")  # the seal's record of the student's threads
+                  "weakref", "_weakrefset",  # the seal's record of the student's threads
+                  # what telling the library's code from the notebook's reads: file names,
+                  # the cached code of a source file
+                  "posixpath", "genericpath", "marshal", "importlib.util",
+                  "importlib._bootstrap_external")
 _NOT_SEALED = ("mlsys_lab.grading",)
 #: Names the kernel itself sets and resets around each cell (ipykernel forwards ``input`` and
 #: installs its own hooks per request).
@@ -841,8 +846,9 @@ def _nested_in_sealed(state: dict, code: types.CodeType) -> bool:
 
 
 def _function_of(value: Any) -> Any:
-    """The function a class member holds: a staticmethod's or classmethod's, else itself."""
-    return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    """The function a class member holds: a staticmethod's or classmethod's, else itself (by
+    the real class: ``isinstance`` would ask a lying ``__class__``, the student's code)."""
+    return value.__func__ if issubclass(type(value), (staticmethod, classmethod)) else value
 
 
 def _snapshot_members(owner: Any) -> dict[str, tuple]:
@@ -855,20 +861,24 @@ def _snapshot_members(owner: Any) -> dict[str, tuple]:
         return out
     function = types.FunctionType
     for name, value in items:
-        if type(value) is function:  # most members: no isinstance (a lying __class__) needed
+        if type(value) is function:
             out[name] = (value, value.__code__, value.__defaults__, value.__kwdefaults__)
             continue
-        try:
-            if not (callable(value) or isinstance(value, (types.ModuleType, staticmethod,
-                                                          classmethod, property))):
-                continue
-        except Exception:  # an object whose __class__ lies
+        # By the real class, never ``isinstance``: it asks a lying ``__class__`` (a late seal
+        # looks at modules the notebook may have filled with its own objects).
+        if not (callable(value) or issubclass(type(value), _MEMBER_KINDS)):
             continue
         fn = _function_of(value)
-        code = getattr(fn, "__code__", None) if isinstance(fn, types.FunctionType) else None
-        defaults = (fn.__defaults__, fn.__kwdefaults__) if code is not None else (None, None)
-        out[name] = (value, code, *defaults)
+        if issubclass(type(fn), function):
+            out[name] = (value, fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+        else:
+            out[name] = (value, None, None, None)
     return out
+
+
+_MEMBER_KINDS = (types.ModuleType, staticmethod, classmethod, property)
+_PLAIN_MEMBERS = frozenset({types.FunctionType, staticmethod, classmethod, property,
+                            types.MethodType, functools.partial, types.ModuleType})
 
 
 def _sealed_kernels(modules: dict[str, tuple]) -> dict[int, tuple[Any, types.CodeType]]:
@@ -977,7 +987,11 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         "files": {"modules": -1, "map": {}},  # source file -> module, for the closed probe
         "student_threads": weakref.WeakSet(),  # threads the student's code started
         "native": native,  # the native profile hook (``native_hook``), or None
+        "late": [],  # the records of sealed modules first imported since (``_seal_late``)
+        "late_done": set(sys.modules),  # every module seen: recorded or not sealed
+        "sys_modules": sys.modules,  # the import system's table (``sys.modules`` can be rebound)
     }
+    state["late_watch"] = _late_watch(state["frozen"]["gather"])
     if key is not None:
         import builtins
         vars(builtins)[_SEAL_NAME.format(key)] = state
@@ -1013,13 +1027,19 @@ def _local_seal() -> dict:
 
 
 _HEAPTYPE, _IMMUTABLETYPE = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
+# A class's own namespace, method order and flags, read past any metaclass (``vars(cls)``,
+# ``cls.__mro__`` would ask a metaclass's ``__getattribute__``: the student's code).
+_CLASS_DICT = type.__dict__["__dict__"].__get__
+_CLASS_MRO = type.__dict__["__mro__"].__get__
+_CLASS_FLAGS = type.__dict__["__flags__"].__get__
+_CLASS_NAME = type.__dict__["__qualname__"].__get__
 
 
 def _immutable(cls: type) -> bool:
     """Whether ``cls``'s namespace cannot be changed (``setattr`` raises TypeError): a static
     (builtin) type or one flagged immutable, as most C extensions' types (``numpy.ndarray``);
     the seal does not record them."""
-    flags = cls.__flags__
+    flags = _CLASS_FLAGS(cls)
     return not flags & _HEAPTYPE or bool(flags & _IMMUTABLETYPE)
 
 
@@ -1038,11 +1058,13 @@ _GET_CODE, _GET_DEFAULTS, _GET_KWDEFAULTS = map(operator.attrgetter, (
     "__code__", "__defaults__", "__kwdefaults__"))
 
 
-def _frozen(modules: dict[str, tuple], classes: dict[str, tuple], gather) -> dict:
+def _frozen(modules: dict[str, tuple], classes: dict[str, tuple], gather,
+            ops: tuple | None = None) -> dict:
     """Every sealed namespace's members as the seal saw them, as plain data for
     ``_frozen_same``: per namespace (a module's dict, a class's), the names, the objects and
     where ``gather`` finds its version; every sealed function with its code and defaults; and
-    the builtins the comparison uses, as they were before any student cell ran. Plain data, and
+    the builtins the comparison uses, as they were before any student cell ran (``ops``: the
+    seal's, for a module sealed late). Plain data, and
     the functions that read it are the caller's own (the hidden cell's private copy of this
     module): a method on a class of the kernel's own module is something a notebook can
     replace (it once answered "nothing changed" for whatever the notebook had replaced)."""
@@ -1066,8 +1088,8 @@ def _frozen(modules: dict[str, tuple], classes: dict[str, tuple], gather) -> dic
         "spaces": spaces, "functions": tuple(functions),
         "code": tuple(c[0] for c in code), "defaults": tuple(c[1] for c in code),
         "kwdefaults": tuple(c[2] for c in code),
-        "ops": (all, map, len, range, operator.is_, operator.getitem, sys.modules.get, bytes,
-                _GET_CODE, _GET_DEFAULTS, _GET_KWDEFAULTS),
+        "ops": ops or (all, map, len, range, operator.is_, operator.getitem, sys.modules.get,
+                       bytes, _GET_CODE, _GET_DEFAULTS, _GET_KWDEFAULTS),
         "gather": None,
     }
     dicts = [gc.get_referents(space) if type(space) is not dict else [space]
@@ -1160,11 +1182,13 @@ def _module_members(name: str, members: dict[str, tuple]) -> dict[str, tuple]:
 
 def tampered(state: dict) -> list[str]:
     """What the notebook changed of what the seal recorded: a replaced module, function, method
-    or class, a function's code or defaults swapped, an object on the result's way out patched.
-    An empty list when nothing changed."""
+    or class, a function's code or defaults swapped, an object on the result's way out patched;
+    and, in a sealed module first imported since (``_seal_late``), a member that is not the
+    library's code. An empty list when nothing changed."""
     found = []
     missing = object()
-    verdict = _frozen_same(state["frozen"])
+    verdicts = [_frozen_same(frozen) for frozen in (state["frozen"], *state.get("late", ()))]
+    verdict = "changed" if "changed" in verdicts else "grew" if "grew" in verdicts else ""
     sealed = not verdict
     for name, (module, members) in () if sealed else state["modules"].items():
         if sys.modules.get(name, module) is not module:
@@ -1199,7 +1223,129 @@ def tampered(state: dict) -> list[str]:
                 found.append(f"{label}'s `{attr}`")
     if verdict == "changed" and not found:  # the names could not be found again: still changed
         found.append("a function or module the check relies on")
+    return found or _seal_late(state)
+
+
+# ----------------------------------------------------------------------------- the late seal
+
+#: Methods ``dataclasses`` and ``collections.namedtuple`` make from a string: no file says what
+#: they should be, so a late seal takes them as they are (see ``_seal_late``).
+_GENERATED = frozenset({"__init__", "__repr__", "__eq__", "__lt__", "__le__", "__gt__",
+                        "__ge__", "__hash__", "__setattr__", "__delattr__", "__new__",
+                        "__getstate__", "__setstate__", "__replace__"})
+
+
+def _seal_late(state: dict) -> list[str]:
+    """Seal the ``SEALED_MODULES`` first imported since the seal (a chapter's module the
+    notebook imported, one a probe imports as it runs): what a probe relies on there must not
+    be the notebook's either. Such a module is recorded the first time ``tampered`` sees it,
+    when every function, method and callable object it holds is the library's code (known to
+    the seal, or as its file on disk compiles it: ``_trusted``); ``tampered`` compares with that
+    record from then on. A module holding anything else is not recorded: each of those members
+    is named, every time. Never runs the notebook's code (no ``isinstance``, no ``getattr`` on
+    its objects)."""
+    late, done, table = state["late"], state["late_done"], state["sys_modules"]
+    watch = state["late_watch"]  # sys.modules' version when last looked, where it can be read
+    if watch is not None:
+        watch["gather"](watch["address"], watch["now"], 1)
+        if watch["now"][0] == watch["seen"] and not watch["foreign"]:
+            return []
+        watch["seen"] = watch["now"][0]
+    names = [name for name in list(table) if name not in done]
+    found, modules, classes = [], {}, {}
+    checked = state.setdefault("late_classes", {})  # id -> class whose methods are the library's
+    for name in names:
+        module = table.get(name)
+        if module is None or not _sealed_name(name):
+            done.add(name)
+            continue
+        foreign = _foreign_members(state, name, module, checked)
+        if foreign:
+            found += foreign
+            continue
+        done.add(name)
+        members = _snapshot_members(module)
+        modules[name] = (module, _module_members(name, members))
+        for value, *_ in members.values():
+            if (issubclass(type(value), type) and _CLASS_DICT(value).get("__module__") == name
+                    and not _immutable(value)):
+                classes[f"{name}.{_CLASS_NAME(value)}"] = (value, _snapshot_members(value))
+    if modules:
+        state["modules"].update(modules)
+        state["classes"].update(classes)
+        state["kernels"].update(_sealed_kernels(modules))
+        late.append(_frozen(modules, classes, state["frozen"]["gather"], state["frozen"]["ops"]))
+    if watch is not None:
+        watch["foreign"] = bool(found)  # named again next time, whatever was imported
     return found
+
+
+def _late_watch(gather) -> dict | None:
+    """Where ``_seal_late`` reads ``sys.modules``' version (nothing imported since it last
+    looked: nothing to look at), or None where words cannot be read (it looks every time)."""
+    if gather is None:
+        return None
+    import ctypes
+    address = id(sys.modules) + 8 * native_hook.WORD_LAYOUT["dict_version"]
+    return {"gather": gather, "address": (ctypes.c_int64 * 1)(address),
+            "now": (ctypes.c_int64 * 1)(), "seen": None, "foreign": False}
+
+
+def _foreign_members(state: dict, name: str, module: Any, checked: dict) -> list[str]:
+    """The members of a module (``name``) that are not the library's code, as labels."""
+    found = []
+    if type(module) is not types.ModuleType and _foreign_class(state, type(module), checked):
+        return [f"`sys.modules[{name!r}]`"]
+    for attr, value in list(vars(module).items()):
+        kind = type(value)
+        if kind is types.ModuleType:
+            continue  # a module is sealed (or not) under its own name
+        if kind is type or issubclass(kind, type):
+            bad = _foreign_class(state, value, checked)
+        else:
+            bad = _foreign_value(state, value, None) or _foreign_class(state, kind, checked)
+        if bad:
+            found.append(f"`{name}.{attr}`" + (f" (`{bad}`)" if bad is not True else ""))
+    return found
+
+
+def _foreign_value(state: dict, value: Any, attr: str | None) -> bool:
+    """Whether a function (or what a staticmethod, classmethod, bound method, property or
+    partial holds) is not the library's code. ``attr``: the class member's name, for the
+    methods ``dataclasses`` and ``namedtuple`` generate."""
+    kind = type(value)
+    if kind in (staticmethod, classmethod, types.MethodType):
+        return _foreign_value(state, value.__func__, attr)
+    if kind is property:
+        return any(_foreign_value(state, f, attr) for f in (value.fget, value.fset, value.fdel)
+                   if f is not None)
+    if kind is functools.partial:
+        return _foreign_value(state, value.func, attr)
+    if kind is not types.FunctionType:
+        return False  # an object: its class is looked at
+    code = value.__code__
+    if not _origin(state, code)[1]:
+        return False
+    return not (attr in _GENERATED and _synthetic(code.co_filename))
+
+
+def _foreign_class(state: dict, cls: type, checked: dict) -> str | bool:
+    """The first method (``Class.name``) of ``cls``, its bases or its metaclass's that is not
+    the library's code; False when there is none (each class looked at once)."""
+    for klass in (*_CLASS_MRO(cls), *_CLASS_MRO(type(cls))):
+        if checked.get(id(klass)) is klass:
+            continue
+        checked[id(klass)] = klass  # first: a member may be an instance of the class (an enum)
+        if _immutable(klass):
+            continue
+        for attr, member in list(_CLASS_DICT(klass).items()):
+            kind = type(member)
+            if _foreign_value(state, member, attr) or (
+                    kind not in _PLAIN_MEMBERS and kind is not type
+                    and _foreign_class(state, kind, checked)):
+                del checked[id(klass)]
+                return f"{_CLASS_NAME(klass)}.{attr}"
+    return False
 
 
 def _trusted(state: dict, code: types.CodeType) -> bool:
