@@ -1586,27 +1586,29 @@ class Guard:
         self.task = plan.get("task", "this")
         self._state = state if state is not None else _local_seal()
         _share_caches(self._state)
+        # The plan's entries indexed: by where the code was defined, by fingerprint (the big
+        # ones, with their n-gram counts: their n-grams are computed when a copy of about
+        # their size shows up, ``_similar``, once per kernel) and by clone fingerprint.
         self._by_clone: dict[str, list[dict]] = {}  # fingerprint -> entries
         self._by_where: dict[tuple, str] = {}
         self._by_synthetic: dict[tuple, dict[str, str]] = {}  # where -> {fingerprint: label}
         self._by_fp: dict[str, str] = {}
-        # Each big forbidden function's n-gram count; its n-grams are computed when a copy of
-        # about its size shows up (``_similar``), once per kernel.
         self._gram_counts: dict[str, int | None] = {}
         self._counts_sorted: tuple[list[int], list[str]] | None = None
         self._where_of_fp: dict[str, tuple] = {}
+        by_where, where_of_fp, by_clone = self._by_where, self._where_of_fp, self._by_clone
         for e in plan["code"]:
-            fp, label = e["fp"], e["label"]
-            where = self._where_of_fp[fp] = (e["file"], e["line"], e["qualname"])
-            if _synthetic(e["file"]):  # every dataclass's __init__ comes from ("<string>", 2, ...)
+            fp, label, file = e["fp"], e["label"], e["file"]
+            where = where_of_fp[fp] = (file, e["line"], e["qualname"])
+            if file[:1] == "<":  # every dataclass's __init__ comes from ("<string>", 2, ...)
                 self._by_synthetic.setdefault(where, {})[fp] = label
             else:
-                self._by_where[where] = label
+                by_where[where] = label
             if e["distinctive"]:
                 self._by_fp.setdefault(fp, label)
                 self._gram_counts[fp] = e.get("grams")
             if e["size"] >= CLONE:
-                self._by_clone.setdefault(fp, []).append(e)
+                by_clone.setdefault(fp, []).append(e)
         allowed = plan.get("allowed")
         self._allowed = _allowlist(allowed) if allowed is not None else None
         self._permitted: dict[str, bool] = {}
@@ -1664,7 +1666,7 @@ class Guard:
             label = self._by_synthetic[where].get(fingerprint(code))
         if label is not None:
             return label, ""
-        if not (self._by_fp or self._by_clone) or _trusted(self._state, code):
+        if not (self._by_fp or self._by_clone) or not _origin(self._state, code)[1]:
             return None
         if len(code.co_code) < 2 * CLONE:  # every instruction is at least 2 bytes
             return None
@@ -2033,12 +2035,7 @@ class Guard:
             return
         if self._found is None:  # once per guard: later copies are caught when they compile
             self._found = _dispatchers(mod)
-            for cls in mod.Dispatcher.__mro__ + _cuda_dispatcher_classes():
-                if cls.__module__.startswith("numba"):
-                    for member in vars(cls).values():
-                        fn = _unwrap(member)
-                        if isinstance(fn, types.FunctionType):
-                            self._dispatch_codes[id(fn.__code__)] = fn.__code__
+            self._dispatch_codes = _dispatch_codes(self._state, mod)
         # What to switch off changes only when a dispatcher compiles a new overload.
         counts = tuple(len(d.overloads) if isinstance(getattr(d, "overloads", None), dict)
                        else -1 for d in self._found)
@@ -2200,6 +2197,24 @@ def _dispatchers(mod: types.ModuleType) -> list:
                 found.append(obj)
         return found
     return [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
+
+
+def _dispatch_codes(state: dict, mod: types.ModuleType) -> dict[int, types.CodeType]:
+    """The code of the methods of Numba's dispatcher classes, by id: once per kernel (again
+    when the CUDA dispatcher was imported since)."""
+    classes = mod.Dispatcher.__mro__ + _cuda_dispatcher_classes()
+    known = state.get("dispatch_codes")
+    if known is not None and known[0] == classes:
+        return known[1]
+    codes = {}
+    for cls in classes:
+        if cls.__module__.startswith("numba"):
+            for member in vars(cls).values():
+                fn = _unwrap(member)
+                if isinstance(fn, types.FunctionType):
+                    codes[id(fn.__code__)] = fn.__code__
+    state["dispatch_codes"] = (classes, codes)
+    return codes
 
 
 def _subclasses(cls: type) -> set[type]:
