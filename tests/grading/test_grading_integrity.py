@@ -1719,7 +1719,7 @@ def imported_late(monkeypatch):
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-@pytest.mark.parametrize("how", ["function", "method", "callable object", "class"])
+@pytest.mark.parametrize("how", ["function", "method", "callable object", "class", "wrapped"])
 def test_h5_a_module_first_imported_after_the_seal_is_sealed_when_first_seen(when, how,
                                                                              imported_late):
     """H5, late: a sealed module the notebook imports after the seal is recorded when
@@ -1738,10 +1738,11 @@ def test_h5_a_module_first_imported_after_the_seal_is_sealed_when_first_seen(whe
         where = f"`{LATE}._Program" + (".pick`" if when == "after" else "` (`_Program.pick`)")
     else:
         fake = {"function": cell["random_graph"], "callable object": cell["Caller"](),
-                "class": cell["Caller"]}[how]
+                "class": cell["Caller"],
+                "wrapped": functools.lru_cache(cell["random_graph"])}[how]
         module.random_graph = fake
         where = f"`{LATE}.random_graph`"
-        if when == "before" and how != "function":
+        if when == "before" and how in ("callable object", "class"):
             where += " (`Caller.__call__`)"
     found = guard.tampered(state)
     assert found == [where]

@@ -1303,7 +1303,8 @@ def _foreign_members(state: dict, name: str, module: Any, checked: dict) -> list
         if kind is type or issubclass(kind, type):
             bad = _foreign_class(state, value, checked)
         else:
-            bad = _foreign_value(state, value, None) or _foreign_class(state, kind, checked)
+            bad = (_foreign_value(state, value, None) or _foreign_class(state, kind, checked)
+                   or _foreign_wrapped(state, value, checked))
         if bad:
             found.append(f"`{name}.{attr}`" + (f" (`{bad}`)" if bad is not True else ""))
     return found
@@ -1327,6 +1328,25 @@ def _foreign_value(state: dict, value: Any, attr: str | None) -> bool:
     if not _origin(state, code)[1]:
         return False
     return not (attr in _GENERATED and _synthetic(code.co_filename))
+
+
+def _foreign_wrapped(state: dict, value: Any, checked: dict) -> bool:
+    """Whether an object of a library class (a cache wrapper, a Numba dispatcher) wraps a
+    function of the notebook's (``_WRAPPED``, in its own namespace: read without asking its
+    class, which was found to be the library's)."""
+    try:
+        space = object.__getattribute__(value, "__dict__")
+    except Exception:  # no instance namespace
+        return False
+    if type(space) is not dict:
+        return False
+    for name in _WRAPPED:
+        inner = space.get(name)
+        if inner is not None and (_foreign_value(state, inner, None) or (
+                type(inner) not in _PLAIN_MEMBERS and _foreign_class(state, type(inner),
+                                                                     checked))):
+            return True
+    return False
 
 
 def _foreign_class(state: dict, cls: type, checked: dict) -> str | bool:
