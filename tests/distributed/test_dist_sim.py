@@ -145,6 +145,41 @@ def test_deadlock_names_every_blocked_rank():
     assert set(info.value.blocked) == {0, 1}
 
 
+@pytest.mark.parametrize("how", ["raises", "deadlock", "time limit"])
+def test_a_failed_run_closes_the_programs_still_suspended(how):
+    """Every rank's generator (and the ones it delegates to) is closed when the run stops
+    with an error, before ``run`` raises: not later, whenever the collector frees it."""
+    closed = []
+
+    def inner(comm):
+        try:
+            yield comm.recv(src=(comm.rank + 1) % comm.size)
+        finally:
+            closed.append(("inner", comm.rank))
+
+    def prog(comm, x):
+        try:
+            if how == "raises" and comm.rank == 0:
+                yield comm.compute(flops=10)
+                raise ValueError("rank 0 gives up")
+            if how == "time limit":
+                while True:
+                    yield comm.compute(flops=1e9)
+            yield from inner(comm)
+        finally:
+            closed.append(("prog", comm.rank))
+
+    cluster = sim.Cluster(sim.ring(3, alpha=A, beta=B))
+    error = {"raises": ValueError, "deadlock": DeadlockError,
+             "time limit": CommTimeoutError}[how]
+    with pytest.raises(error):
+        sim.run(cluster, prog, args=[(np.ones(2),)] * 3, time_limit=1.0)
+    ranks = (1, 2) if how == "raises" else (0, 1, 2)
+    want = {("prog", r) for r in (0, 1, 2)} | {("inner", r) for r in ranks if how != "time limit"}
+    assert set(closed) == want
+    assert len(closed) == len(want)
+
+
 def test_mismatched_collective_call_is_a_deadlock_not_a_hang():
     def prog(comm, x):
         if comm.rank == 2:

@@ -134,6 +134,34 @@ def batched_sum(comm, x):
     return (yield comm.batched("allreduce/ring", x, "sum", ring_allreduce(comm, x), plan))
 
 
+def exchange_then_batched(comm, x):
+    """One real exchange on every rank, then rank 0's batched request: refused with the other
+    ranks suspended mid-ring."""
+    p = comm.size
+    yield comm.sendrecv(x, dst=(comm.rank + 1) % p, src=(comm.rank - 1) % p)
+    if comm.rank == 0:
+        yield from batched_sum(comm, x)
+    yield comm.recv(src=(comm.rank - 1) % p)
+    return x
+
+
+def test_a_refused_ring_leaves_no_program_for_a_later_probe_to_finalize():
+    """A refusal stops the simulated run with the other ranks' programs suspended (the
+    grader's ``program`` and ``_watched`` generators around the answer). ``sim.run`` closes
+    them inside that probe; left to the collector, they were finalized during some later
+    exercise's probe, whose guard took the grader's 11.1 helpers running there for a shortcut
+    (11.2's reference lost two cases that way, on 3.13)."""
+    def suspended():  # the collector lists them until it frees them, whenever that is
+        return {id(g) for g in gc.get_objects() if type(g).__name__ == "generator"
+                and g.gi_code.co_name in ("program", "_watched") and g.gi_frame is not None
+                and "ex11_1" in g.gi_code.co_filename}
+
+    before = suspended()
+    result = run_cases("11.1", exchange_then_batched, seed=2)
+    assert result.score == 0 and "comm.batched" in feedback(result), feedback(result)
+    assert suspended() - before == set()
+
+
 _INPUTS_SEEN = {}  # (run, rank) -> input: where the sham below takes its sum from
 
 

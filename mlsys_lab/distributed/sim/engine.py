@@ -137,19 +137,35 @@ class Engine:
 
     def loop(self):
         """Hand every event to its kind's handler, earliest first, until only faults are left
-        (then ask the batched strategy to give up a batch that can no longer complete)."""
+        (then ask the batched strategy to give up a batch that can no longer complete). A run
+        that stops with an error closes the programs still suspended (``close``)."""
         started = _time.perf_counter()
-        while self.live or self.ring.waiting:
-            if not self.live:
-                self.ring.release()
-                continue
-            event = heapq.heappop(self.events)
-            if event.kind != FAULT:
-                self.live -= 1
-                self.check_limits(event, started)
-            self.handlers[event.kind](event)
-        if not all(agent.done for agent in self.agents):
-            raise _deadlock(self)
+        try:
+            while self.live or self.ring.waiting:
+                if not self.live:
+                    self.ring.release()
+                    continue
+                event = heapq.heappop(self.events)
+                if event.kind != FAULT:
+                    self.live -= 1
+                    self.check_limits(event, started)
+                self.handlers[event.kind](event)
+            if not all(agent.done for agent in self.agents):
+                raise _deadlock(self)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        """Close every generator still suspended, innermost first: their ``finally`` blocks
+        run now, inside the failed run, rather than whenever the collector frees them (which
+        can be in the middle of some later, unrelated code)."""
+        for agent in self.agents:
+            while agent.stack:
+                try:
+                    agent.stack.pop().close()
+                except Exception:  # a program that raised while closing: the run's error stands
+                    pass
 
     def check_limits(self, event, started):
         self.popped += 1
