@@ -230,7 +230,7 @@ def test_10_2_the_reference_agrees_with_the_library_observer():
             ours.observe(b)
         qp = obs.qparams(8, symmetric=True)
         np.testing.assert_allclose(ours.scale(), qp.scale, rtol=1e-12)
-        x = q._q_grid_input(qp.scale, axis, 7, factor=3.0)
+        x = q._q_grid_input(batches, axis, 7, factor=3.0)
         np.testing.assert_array_equal(ours.quantize(x), qp.quantize(x))
 
 
@@ -254,6 +254,30 @@ class _LibraryQuantizer:
 
 def test_10_2_the_library_quantiser_is_refused():
     assert _refused(run_cases("10.2", _LibraryQuantizer, seed=3))
+
+
+class _GradersScale(ChannelQuantizer):
+    """The answer's own quantize, with the scales from the grader's ``_q_reference_scale``
+    fed the batches it saw: the probes once called that function (to lay out their test
+    values), and a function a probe calls is not refused."""
+
+    def observe(self, x):
+        self.seen = [*getattr(self, "seen", []), np.asarray(x, np.float64)]
+        return self
+
+    def scale(self):
+        from mlsys_lab.grading.exercises.ch10_model_deployment import ex10_2_quantizer
+        return ex10_2_quantizer._q_reference_scale(self.seen, self.axis, self.bits)
+
+    def __init__(self, axis, bits=8):
+        super().__init__(axis, bits)
+        self.bits = bits
+
+
+def test_10_2_the_graders_scale_helper_is_refused():
+    result = run_cases("10.2", _GradersScale, seed=3)
+    assert _refused(result) and result.score <= 1, _feedback(result)
+    assert "_q_reference_scale` (the grader's own reference) is off limits" in _feedback(result)
 
 
 SCALE_CASES = ["scales", "channels on axis 0", "quantize rounds", "beyond the range",
