@@ -179,6 +179,25 @@ def test_recomputing_from_a_hidden_list_of_tokens_fails_the_prefilled_cache():
     fails_only(result, "a cache filled before the first call")
 
 
+def test_recomputing_with_the_graders_reference_is_refused():
+    """The grader's ``_reference`` (attention recomputed over every prefix) run on the tokens
+    seen so far: the probes once filled the prefilled cache with it, and a function a probe
+    calls is not refused."""
+    from mlsys_lab.grading.exercises.ch18_llm_inference import ex18_2_kv_decode as ex
+    seen = []
+
+    def recompute(x, W_q, W_k, W_v, cache_k, cache_v, pos):
+        if pos == 0:
+            seen.clear()
+        seen.append(x)
+        H, T, d = cache_k.shape
+        out, K, V = ex._reference((W_q, W_k, W_v), np.array(seen), H, d)
+        cache_k[:, pos], cache_v[:, pos] = K[:, -1], V[:, -1]
+        return out[-1]
+
+    assert refused(run_cases("18.2", recompute, seed=5)), "the reference ran"
+
+
 def test_decode_through_the_library_attention_is_refused():
     def through_the_op(x, W_q, W_k, W_v, cache_k, cache_v, pos):
         H, T, d = cache_k.shape

@@ -60,8 +60,9 @@ def _decode(decode_step, seed, prefill: int):
     (not by the answer); every slot not yet written holds NaN."""
     (H, d, T), W, X = _model(seed)
     cache_k, cache_v = np.full((H, T, d), np.nan), np.full((H, T, d), np.nan)
-    _, K, V = _reference(W, X[:prefill], H, d) if prefill else (None, None, None)
-    if prefill:
+    if prefill:  # the prefix's keys and values only: ``_reference``, which a probe calling it
+        # would leave unrefused, answers the decode step itself
+        _, K, V = (_heads(X[:prefill] @ w, H, d) for w in W)
         cache_k[:, :prefill], cache_v[:, :prefill] = K, V
     outs = []
     for pos in range(prefill, X.shape[0]):
