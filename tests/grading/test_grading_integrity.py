@@ -1076,8 +1076,36 @@ def _paste_padded(fn, padding: str = "_unused = None"):
 
 #: exercise -> the cases that test the idea (the cheat must score zero on them).
 IDEA_CASES = {
-    "2.1": None, "3.3": ("sgd_step is pure and correct",), "4.1": None, "6.3": None,
-    "7.3": None, "9.3": None, "10.1": None, "11.2": None, "13.2": None, "13.3": None,
+    "2.1": None, "2.2": None,
+    # 3.1: the cases that run forward (Linear's own __init__ cannot serve another class)
+    "3.1": ("forward equals (x @ U) @ V + bias", "gradients reach U, V and bias",
+            "never forms the full in x out matrix"),
+    # 3.2: the rule cases (the forward and its overflow never call a rule)
+    "3.2": ("one registered op; rules follow the registry", "your VJP rule, ml.grad and ml.vjp",
+            "your JVP rule, ml.jvp, agreement with the VJP",
+            "second derivative (rules in ml ops)"),
+    "3.3": ("sgd_step is pure and correct",), "4.1": None, "4.2": None, "4.3": None,
+    "4.4": None,
+    # 6.1: not vjp_tanh, whose library rule (g * (1 - y * y), 9 instructions) is under
+    # guard.CLONE: a clone or paste of it is the formula a student writes
+    "6.1": ("vjp_mul, equal shapes", "vjp_mul with broadcasting", "vjp_matmul"),
+    "6.2": None, "6.3": None, "6.4": None, "7.1": None, "7.2": None, "7.3": None, "7.4": None,
+    # 8.1, 8.2: the correctness cases (the library's tiles are not the exercise's: its kernel
+    # fails the structure and counting cases even unguarded)
+    "8.1": ("float32, odd sizes, inputs untouched", "float64 and non-contiguous views"),
+    "8.2": ("(5×7) @ (7×3): one block", "several blocks and K-tiles, clipped edges"),
+    # 8.3: gemm_bytes (tile_intensity and attainable are one-line formulas under guard.CLONE)
+    "8.3": ("gemm_bytes: A and B read, C written once",),
+    # 8.4: the values (the library converts to float64: the counting case fails unguarded)
+    "8.4": ("equals the direct 3-tap correlation",), "9.1": None,
+    # 9.2: not the argument check, which the cheat's wrapper writes itself
+    "9.2": ("every rank gets ceil(n / R) indices; together all of 0..n-1",
+            "padding repeats the first indices; rank r takes order[r::R]",
+            "all ranks split one permutation: shards overlap only in the padding",
+            "set_epoch reshuffles the whole dataset; the same epoch repeats",
+            "drop_last cuts the tail: floor(n / R) each"),
+    "9.3": None, "10.1": None, "10.2": None, "10.3": None, "11.1": None, "11.2": None,
+    "11.3": None, "11.4": None, "13.1": None, "13.2": None, "13.3": None,
     **{ex_id: None for ex_id in LATER_CHAPTERS},
 }
 
@@ -1124,13 +1152,16 @@ def test_h1_a_library_module_compiled_under_a_stdlib_name_is_refused():
     assert result.score == 0 and "off limits" in _feedback(result), result.report()
 
 
-#: H2 exceptions. 14.1's grading reference is the three-line weighted mean itself, and 14.3's
-#: library helpers (``psi.blind``, ``psi.unblind``) are one line each, under
+#: H2 exceptions. 14.1's grading reference is the three-line weighted mean itself, 14.3's
+#: library helpers (``psi.blind``, ``psi.unblind``) are one line each, 6.2's product rule is 29
+#: normalised instructions, 8.3's ``matmul_intensity`` 22 and 11.4's reference server's
+#: methods 5-26, all under
 #: ``guard.DISTINCTIVE``: a padded paste of them is, by design, not told apart from a student
-#: writing those lines (the idea). 17.1's reference calls the library's ``dare``, so its paste is
-#: refused as a call of a forbidden function ("off limits") before any copy test.
-H2_SHORT = {"14.1", "14.3"}
-H2_REASON = {"17.1": "off limits"}
+#: writing those lines (the idea; their clones, H1, are refused). 17.1's reference calls the
+#: library's ``dare`` and 4.4's calls ``ml.grad``, so their pastes are refused as calls of a
+#: forbidden function ("off limits") before any copy test.
+H2_SHORT = {"6.2", "8.3", "11.4", "14.1", "14.3"}
+H2_REASON = {"4.4": "off limits", "17.1": "off limits"}
 
 
 @pytest.mark.parametrize("ex_id", sorted(set(IDEA_CASES) - H2_SHORT, key=lambda i: float(i)))
@@ -1315,8 +1346,7 @@ def _stub(*args, **kwargs):
     raise NotImplementedError("stub")
 
 
-H4_EXERCISES = ["2.1", "3.3", "4.1", "6.3", "7.3", "8.3", "9.3", "10.1", "11.2", "13.2", "18.3",
-                *LATER_CHAPTERS]
+H4_EXERCISES = sorted(CHEATS, key=float)
 
 
 @pytest.mark.parametrize("ex_id", H4_EXERCISES)
