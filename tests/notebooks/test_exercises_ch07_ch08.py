@@ -803,6 +803,19 @@ def test_8_4_library_shortcuts_are_refused(cheat):
     assert result.score == 0 and _refused(result), _feedback(result)
 
 
+def test_8_4_the_winograd_kernels_transforms_are_refused():
+    from mlsys_lab.kernels import winograd as W
+
+    def transforms(d, g):
+        v = W._bt.py_func(*d)
+        u = [g[0], (g[0] + g[1] + g[2]) / 2, (g[0] - g[1] + g[2]) / 2, g[2]]
+        return list(W._at.py_func(*(a * b for a, b in zip(u, v))))
+
+    result = run_cases("8.4", transforms, seed=1)
+    assert _refused(result), _feedback(result)
+    assert "`mlsys_lab.kernels.winograd._bt`" in _feedback(result)
+
+
 def test_8_4_direct_correlation_fails_the_multiply_count():
     result = run_cases("8.4", direct, seed=2)
     _assert_zero(result, ["4 data × filter multiplies (direct: 6)"])

@@ -155,7 +155,8 @@ register(
         title="Winograd F(2,3) by hand",
         target="winograd_f23",
         task="Winograd F(2,3)",
-        forbidden=("mlsys_lab.kernels.conv", "numpy:correlate", "numpy:convolve"),
+        forbidden=("mlsys_lab.kernels.conv", "mlsys_lab.kernels.winograd", "numpy:correlate",
+                   "numpy:convolve"),
         cases=(
             Case("equals the direct 3-tap correlation", 2, feedback="y = Aᵀ[(G g) ⊙ (Bᵀ d)]",
                  probe=_winograd_values_probe, judge=_winograd_values_judge),
