@@ -69,7 +69,10 @@ classes and modules of ``SEALED_MODULES`` (the simulator, the pipeline-parallel 
 other non-grading ``mlsys_lab`` module, ``json``, ``threading``, numpy, builtins, the kernel's
 display publisher and session): a replaced attribute or ``sys.modules`` entry, a swapped
 ``__code__`` or ``__defaults__`` (classes whose namespace Python itself keeps from changing,
-static and immutable types such as ``numpy.ndarray``, are not recorded). The hidden cell looks
+static and immutable types such as ``numpy.ndarray``, are not recorded). A module of
+``SEALED_MODULES`` first imported after the seal (by the notebook, or by a probe as it runs) is
+recorded the first time ``tampered`` sees it, if everything it holds is the library's code
+(``_seal_late``); a member that is the notebook's is named instead. The hidden cell looks
 before and after the probes and fails every case when anything changed, and sends the payload
 with the JSON encoder and publisher the seal holds, not the kernel's current ones.
 
