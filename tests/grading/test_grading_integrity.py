@@ -1433,6 +1433,78 @@ def test_h5_a_replaced_simulator_fails_the_case(sealed, capsys, monkeypatch):
             assert result.score == 0 and where in _feedback(result), result.report()
 
 
+#: H5 per exercise: a library function the exercise's probes call themselves (checked by
+#: ``test_h5_each_dependency_is_one_the_probes_call``). The probes of the other exercises of
+#: chapters 2-13 call only numpy and the standard library, sealed the same way.
+H5_DEPENDENCY = {
+    "2.1": "mlsys_lab.nn.layers:Linear.__init__",
+    "2.2": "mlsys_lab.nn.layers:Sequential.__init__",
+    "3.1": "mlsys_lab.nn.module:Module.named_parameters",
+    "3.2": "mlsys_lab.engine.tensor:Tensor.numpy",
+    "3.3": "mlsys_lab.engine.autodiff:grad",
+    "4.2": "mlsys_lab.engine.ops_math:sin",
+    "4.3": "mlsys_lab.engine.ops_shape:matmul",
+    "6.2": "mlsys_lab.engine.ops_math:log",
+    "6.3": "mlsys_lab.engine.ops_math:mul",
+    "6.4": "mlsys_lab.engine.ops_math:add",
+    "7.2": "mlsys_lab.engine.random_graphs:random_graph",
+    "7.3": "mlsys_lab.engine.ops_math:relu",
+    "9.1": "threading:Thread.start",
+    "11.1": "mlsys_lab.distributed.sim.topology:ring",
+}
+
+
+def _dependency(spec: str):
+    """(the object holding it, its name, how ``tampered`` names it) of ``module:qualname``."""
+    module, _, qualname = spec.partition(":")
+    owner = importlib.import_module(module)
+    *path, name = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name, f"`{module}.{qualname}`"
+
+
+@pytest.mark.parametrize("ex_id", sorted(H5_DEPENDENCY, key=float))
+def test_h5_each_dependency_is_one_the_probes_call(ex_id, monkeypatch):
+    """The dependency runs, called by the exercise's probes (or what they call of the
+    grader's), when the cheat's answers are checked with the guard off."""
+    exercise = get_exercise(ex_id)
+    used = guard._reachable([case.probe for case in exercise.cases])
+    owner, name, _ = _dependency(H5_DEPENDENCY[ex_id])
+    code = guard._unwrap(vars(owner)[name]).__code__
+    calls = []
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code is code and frame.f_back is not None and \
+                guard._where(frame.f_back.f_code) in used:
+            calls.append(ex_id)
+
+    monkeypatch.setattr(probe, "Guard", _NoGuard)
+    sys.setprofile(hook)
+    try:
+        run_cases(ex_id, *CHEATS[ex_id](lambda f: f), seed=3)
+    finally:
+        sys.setprofile(None)
+    assert calls
+
+
+@pytest.mark.parametrize("ex_id", sorted(H5_DEPENDENCY, key=float))
+def test_h5_replacing_what_the_probes_call_fails_the_exercise(ex_id, sealed, capsys,
+                                                             monkeypatch):
+    """H5: the dependency replaced by a pass-through written in a cell (it could fake
+    anything): every case fails, naming it."""
+    owner, name, label = _dependency(H5_DEPENDENCY[ex_id])
+    sealed(ex_id)
+    scope = {"real": getattr(owner, name)}
+    exec(compile("def wrapper(*args, **kwargs):\n    return real(*args, **kwargs)\n",
+                 "/tmp/ipykernel_h5/1.py", "exec"), scope)
+    monkeypatch.setattr(owner, name, scope["wrapper"])
+    exercise = get_exercise(ex_id)
+    result = _emit(ex_id, {target: _stub for target in exercise.targets}, capsys)
+    assert result.score == 0, result.report()
+    assert all(f"changed {label}" in row.feedback for row in result.rows), result.report()
+
+
 def test_h5_swapping_a_functions_code_is_seen(sealed, capsys, monkeypatch):
     from mlsys_lab.distributed import sim
 
