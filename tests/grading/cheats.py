@@ -22,11 +22,6 @@ def _softmax_loss(params, X, y):
     return ml.ops.cross_entropy(logits, y)
 
 
-def _train_epoch_answers(transform):
-    from mlsys_lab.grading.exercises.ch02_introduction import ex2_1_train_epoch as ch02
-    return (transform(ch02._ref_epoch),)
-
-
 def _functional_answers(transform):
     """3.3: the reference's loss gradient inside a hand-written step."""
     from mlsys_lab.grading.exercises.ch03_programming_interface import ex3_3_functional as ch03
@@ -437,21 +432,9 @@ def _dual_answers(transform):
     return (Dual,)
 
 
-def _rebound(transform, fn, *helpers):
-    """``transform(fn)`` whose calls of the named module-level helpers go to transformed copies
-    of them (a clone or paste of the whole chain, not of its top function only)."""
-    import types
-    f = transform(fn)
-    scope = dict(f.__globals__)
-    scope.update({name: transform(scope[name]) for name in helpers})
-    g = types.FunctionType(f.__code__, scope, f.__name__, f.__defaults__, f.__closure__)
-    g.__kwdefaults__ = f.__kwdefaults__
-    return g
-
-
 def _shard_sampler(transform):
     from mlsys_lab.grading.exercises.ch09_data_processing import ex9_2_shard_sampler as ex
-    shard = _rebound(transform, ex._reference_shard, "_epoch_order")
+    shard = _with_helpers(transform, ex._reference_shard, "_epoch_order")
 
     class ShardSampler:
         def __init__(self, n, num_replicas, rank, seed=0, shuffle=True, drop_last=False):
@@ -508,7 +491,8 @@ def _pruning(transform):
     import types
 
     from mlsys_lab.deploy.compress import prune
-    masks = _rebound(transform, prune.magnitude_masks, "_check_sparsity", "prunable", "_smallest")
+    masks = _with_helpers(transform, prune.magnitude_masks, "_check_sparsity", "prunable",
+                          "_smallest")
 
     def prune_to_sparsity(weights, sparsity, scope="global"):
         params = [(n, types.SimpleNamespace(ndim=w.ndim, numpy=lambda w=w: w))
@@ -557,11 +541,18 @@ def _sparse_grad(transform):
 def _rebind(fn, **names):
     """``fn`` (its Python function, if a Numba dispatcher) reading ``names`` from its globals
     instead: the helpers pasted (or cloned) beside it, as in one notebook cell."""
-    import types
     fn = getattr(fn, "py_func", fn)
-    return types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__,
-                              fn.__defaults__, fn.__closure__)
+    out = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__,
+                             fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out
 
+
+def _with_helpers(transform, fn, *helpers):
+    """``transform(fn)`` calling transformed copies of the module-level ``helpers`` it names (a
+    clone or paste of the whole chain, not of its top function only)."""
+    done = transform(fn)
+    return _rebind(done, **{name: transform(done.__globals__[name]) for name in helpers})
 
 def _keep_cell_source(fn, original):
     """Keep the source of ``fn`` when it was pasted into ``"<cell>"`` (H2), as IPython keeps a
@@ -675,7 +666,7 @@ _EX = "mlsys_lab.grading.exercises."
 
 #: exercise -> builder, for every exercise a forbidden function solves.
 CHEATS = {
-    "2.1": _train_epoch_answers,
+    "2.1": _library(_EX + "ch02_introduction.ex2_1_train_epoch", "_ref_epoch"),
     "2.2": _library(_EX + "ch02_introduction.ex2_2_evaluate", "_ref_accuracy"),
     # 2.3 has none: nothing forbidden saves or restores a checkpoint (ml.save and the
     # state dicts are the tools the exercise teaches).

@@ -159,43 +159,42 @@ def test_decode_wrong_ideas_fail(how, failing):
     fails(result, *failing)
 
 
-def test_recomputing_from_a_hidden_list_of_tokens_fails_the_prefilled_cache():
+def _from_hidden_tokens(recompute):
+    """A decode step that keeps every token it was given in a hidden list and recomputes the
+    attention over them: ``recompute(W, X, H, d) -> (outputs, K, V)``."""
     seen = []
 
-    def recompute(x, W_q, W_k, W_v, cache_k, cache_v, pos):
+    def decode_step(x, W_q, W_k, W_v, cache_k, cache_v, pos):
         if pos == 0:
             seen.clear()
         seen.append(x)
         H, T, d = cache_k.shape
-        X = np.array(seen)
-        q = (x @ W_q).reshape(H, d)
-        K, V = ((X @ W).reshape(len(X), H, d).transpose(1, 0, 2) for W in (W_k, W_v))
+        out, K, V = recompute((W_q, W_k, W_v), np.array(seen), H, d)
         cache_k[:, pos], cache_v[:, pos] = K[:, -1], V[:, -1]
-        s = np.einsum("hd,hsd->hs", q, K) / np.sqrt(d)
-        w = np.exp(s - s.max(axis=1, keepdims=True))
-        return np.einsum("hs,hsd->hd", w / w.sum(axis=1, keepdims=True), V).reshape(-1)
+        return out[-1]
+    return decode_step
 
-    result = run_cases("18.2", recompute, seed=5)
+
+def _recompute_by_hand(W, X, H, d):
+    q = (X[-1] @ W[0]).reshape(H, d)
+    K, V = ((X @ w).reshape(len(X), H, d).transpose(1, 0, 2) for w in W[1:])
+    s = np.einsum("hd,hsd->hs", q, K) / np.sqrt(d)
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    return [np.einsum("hs,hsd->hd", w / w.sum(axis=1, keepdims=True), V).reshape(-1)], K, V
+
+
+def test_recomputing_from_a_hidden_list_of_tokens_fails_the_prefilled_cache():
+    result = run_cases("18.2", _from_hidden_tokens(_recompute_by_hand), seed=5)
     fails_only(result, "a cache filled before the first call")
 
 
 def test_recomputing_with_the_graders_reference_is_refused():
-    """The grader's ``_reference`` (attention recomputed over every prefix) run on the tokens
-    seen so far: the probes once filled the prefilled cache with it, and a function a probe
-    calls is not refused."""
+    """The grader's ``_reference`` (attention recomputed over every prefix) on the tokens seen
+    so far: the probes once filled the prefilled cache with it, and a function a probe calls
+    is not refused."""
     from mlsys_lab.grading.exercises.ch18_llm_inference import ex18_2_kv_decode as ex
-    seen = []
-
-    def recompute(x, W_q, W_k, W_v, cache_k, cache_v, pos):
-        if pos == 0:
-            seen.clear()
-        seen.append(x)
-        H, T, d = cache_k.shape
-        out, K, V = ex._reference((W_q, W_k, W_v), np.array(seen), H, d)
-        cache_k[:, pos], cache_v[:, pos] = K[:, -1], V[:, -1]
-        return out[-1]
-
-    assert refused(run_cases("18.2", recompute, seed=5)), "the reference ran"
+    result = run_cases("18.2", _from_hidden_tokens(ex._reference), seed=5)
+    assert refused(result), "the reference ran"
 
 
 def test_decode_through_the_library_attention_is_refused():

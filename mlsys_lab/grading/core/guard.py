@@ -872,7 +872,7 @@ def _snapshot_members(owner: Any) -> dict[str, tuple]:
         if not (callable(value) or issubclass(type(value), _MEMBER_KINDS)):
             continue
         fn = _function_of(value)
-        if issubclass(type(fn), function):
+        if type(fn) is function:
             out[name] = (value, fn.__code__, fn.__defaults__, fn.__kwdefaults__)
         else:
             out[name] = (value, None, None, None)
@@ -1190,7 +1190,7 @@ def tampered(state: dict) -> list[str]:
     library's code. An empty list when nothing changed."""
     found = []
     missing = object()
-    verdicts = [_frozen_same(frozen) for frozen in (state["frozen"], *state.get("late", ()))]
+    verdicts = [_frozen_same(frozen) for frozen in (state["frozen"], *state["late"])]
     verdict = "changed" if "changed" in verdicts else "grew" if "grew" in verdicts else ""
     sealed = not verdict
     for name, (module, members) in () if sealed else state["modules"].items():
@@ -1609,29 +1609,27 @@ class Guard:
         self.task = plan.get("task", "this")
         self._state = state if state is not None else _local_seal()
         _share_caches(self._state)
-        # The plan's entries indexed: by where the code was defined, by fingerprint (the big
-        # ones, with their n-gram counts: their n-grams are computed when a copy of about
-        # their size shows up, ``_similar``, once per kernel) and by clone fingerprint.
         self._by_clone: dict[str, list[dict]] = {}  # fingerprint -> entries
         self._by_where: dict[tuple, str] = {}
         self._by_synthetic: dict[tuple, dict[str, str]] = {}  # where -> {fingerprint: label}
         self._by_fp: dict[str, str] = {}
+        # Each big forbidden function's n-gram count; its n-grams are computed when a copy of
+        # about its size shows up (``_similar``), once per kernel.
         self._gram_counts: dict[str, int | None] = {}
         self._counts_sorted: tuple[list[int], list[str]] | None = None
         self._where_of_fp: dict[str, tuple] = {}
-        by_where, where_of_fp, by_clone = self._by_where, self._where_of_fp, self._by_clone
         for e in plan["code"]:
-            fp, label, file = e["fp"], e["label"], e["file"]
-            where = where_of_fp[fp] = (file, e["line"], e["qualname"])
-            if file[:1] == "<":  # every dataclass's __init__ comes from ("<string>", 2, ...)
+            fp, label = e["fp"], e["label"]
+            where = self._where_of_fp[fp] = (e["file"], e["line"], e["qualname"])
+            if _synthetic(e["file"]):  # every dataclass's __init__ comes from ("<string>", 2, ...)
                 self._by_synthetic.setdefault(where, {})[fp] = label
             else:
-                by_where[where] = label
+                self._by_where[where] = label
             if e["distinctive"]:
                 self._by_fp.setdefault(fp, label)
                 self._gram_counts[fp] = e.get("grams")
             if e["size"] >= CLONE:
-                by_clone.setdefault(fp, []).append(e)
+                self._by_clone.setdefault(fp, []).append(e)
         allowed = plan.get("allowed")
         self._allowed = _allowlist(allowed) if allowed is not None else None
         self._permitted: dict[str, bool] = {}
