@@ -251,6 +251,29 @@ _GRAMS: dict[int, tuple[Any, frozenset]] = {}  # id(code) -> (weakref to it, its
 _CODE_OF_FP: dict[str, types.CodeType] = {}  # forbidden code seen by ``_entry``, by fingerprint
 
 
+#: Python 3.13's superinstructions: two local variable accesses in one instruction.
+_FUSED = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
+          "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST"),
+          "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST")}
+
+
+def _unfused(instructions: list) -> list:
+    """Each superinstruction as the two instructions it stands for: a padding store fused with
+    the next line's load (``_c = None`` then ``x``: STORE_FAST_LOAD_FAST) is then seen as
+    padding, and the stream reads as it does on 3.11 and 3.12."""
+    if not any(ins.opname in _FUSED for ins in instructions):
+        return instructions
+    out = []
+    for ins in instructions:
+        parts = _FUSED.get(ins.opname)
+        if parts is None or not isinstance(ins.argval, tuple):
+            out.append(ins)
+            continue
+        out.extend(ins._replace(opname=op, opcode=dis.opmap[op], argval=name, argrepr=name)
+                   for op, name in zip(parts, ins.argval))
+    return out
+
+
 def _tokens(code: types.CodeType) -> list[str]:
     """A code object's instruction stream for similarity: local names, string constants, jump
     targets and call-protocol details abstracted (so an added line shifts nothing), global and
@@ -258,7 +281,7 @@ def _tokens(code: types.CodeType) -> list[str]:
     nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(
         code.co_flags & 0x08)
     args = {name: f"A{i}" for i, name in enumerate(code.co_varnames[:nargs])}
-    instructions = [ins for ins in _instructions(code) if ins.opname not in _DROP]
+    instructions = _unfused([ins for ins in _instructions(code) if ins.opname not in _DROP])
     read = set(code.co_cellvars) | set(code.co_freevars)
     for ins in instructions:
         if ins.opname in _LOCAL_OPS and _LOCAL_OPS[ins.opname] != "STORE":
