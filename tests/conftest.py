@@ -42,8 +42,24 @@ SLOW_MODULES = SERVICE_MODULES | {
 }
 
 
+class _GroupsOnStructuredIds:
+    """``--dist loadgroup`` keeps a group on one worker by the ``@group`` suffix pytest-xdist
+    (3.8) appends to ``item._nodeid``. pytest 9.2 derives ``item.nodeid`` from a structured id
+    instead, so the suffix was lost: a notebook's cells were spread over the workers, each
+    worker's kernel missing the cells the other ran. Put the suffix on the structured id too
+    (a no-op before 9.2, which has none)."""
+
+    @pytest.hookimpl(trylast=True)  # after xdist's own hook has added the suffix
+    def pytest_collection_modifyitems(self, config, items):
+        for item in items:
+            wanted, ident = getattr(item, "_nodeid", None), getattr(item, "_id", None)
+            if isinstance(wanted, str) and hasattr(ident, "parse") and str(ident) != wanted:
+                item._id = type(ident).parse(wanted)
+
+
 def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(_GroupsOnStructuredIds(), "groups-on-structured-ids")
         # `-n auto` already runs one worker per core: numpy's BLAS threads on top of that
         # oversubscribe the cores, and OpenBLAS's spinning workers then make a BLAS-heavy test
         # ten times slower (tests/llm/test_pretrained.py: 13 s instead of 1.6 s with two busy
