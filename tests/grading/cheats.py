@@ -126,7 +126,6 @@ def _astar_answers(transform):
 def _transform_class(cls, transform, bases=None):
     """A copy of ``cls`` (on ``bases``, default its own) whose every function, static methods'
     too, has gone through ``transform``."""
-    import types
 
     def one(v):
         fn = v.__func__ if isinstance(v, staticmethod) else v
@@ -273,11 +272,6 @@ def keep_last_on_offer(offer):
 
 
 def _low_rank_answers(transform):
-    import types
-
-    import numpy as np
-
-    import mlsys_lab as ml
     from mlsys_lab.nn.layers import Linear
     linear = transform(Linear.forward)
 
@@ -304,9 +298,6 @@ def _low_rank_answers(transform):
 
 
 def _softplus_answers(transform):
-    import numpy as np
-
-    import mlsys_lab as ml
     from mlsys_lab.engine import autodiff
     from mlsys_lab.engine.registry import REGISTRY, AVal, Op, register
     from mlsys_lab.engine.tensor import apply
@@ -368,9 +359,6 @@ def _unroll_answers(transform):
 
 
 def _vjp_rules_answers(transform):
-    import numpy as np
-
-    import mlsys_lab as ml
     from mlsys_lab.engine import ops_math, ops_shape
     unbroadcast = transform(ops_math.unbroadcast)
     tanh_rule = transform(ops_math.TANH.vjp)
@@ -389,9 +377,6 @@ def _vjp_rules_answers(transform):
 
 
 def _dual_answers(transform):
-    import numpy as np
-
-    import mlsys_lab as ml
     from mlsys_lab.engine import ops_math
     mul_rule, sin_rule, log_rule = (transform(op.jvp) for op in
                                     (ops_math.MUL, ops_math.SIN, ops_math.LOG))
@@ -458,8 +443,6 @@ def _shard_sampler(transform):
 
 
 def _quantizer(transform):
-    import numpy as np
-
     from mlsys_lab.deploy.quant import observers
     from mlsys_lab.grading.exercises.ch10_model_deployment import ex10_2_quantizer as ex
     Observer = _transform_class(observers.MinMaxObserver, transform)
@@ -488,8 +471,6 @@ def _quantizer(transform):
 
 
 def _pruning(transform):
-    import types
-
     from mlsys_lab.deploy.compress import prune
     masks = _with_helpers(transform, prune.magnitude_masks, "_check_sparsity", "prunable",
                           "_smallest")
@@ -503,8 +484,6 @@ def _pruning(transform):
 
 
 def _ring(transform):
-    import numpy as np
-
     from mlsys_lab.distributed.collectives import all_reduce
     ring = transform(all_reduce.ring_allreduce)
 
@@ -526,8 +505,6 @@ def _zero(transform):
 
 
 def _sparse_grad(transform):
-    import numpy as np
-
     from mlsys_lab.grading.exercises.ch13_recommender_systems import ex13_1_sparse_grad as ex
     grad = transform(ex._reference_grad)
 
@@ -571,7 +548,6 @@ def _keep_cell_source(fn, original):
 def _greedy_by_size(transform):
     """7.1 through the strategies' ``_Placed`` columns (their gap search is the placement's work;
     ``greedy_by_size`` itself, a sort and a call, is too small to be matched as a paste)."""
-    import numpy as np
 
     from mlsys_lab.engine.memory import strategies
     placed_class = _transform_class(strategies._Placed, transform)
@@ -589,7 +565,6 @@ def _greedy_by_size(transform):
 def _tiled_matmul(transform):
     """8.1 through the CPU rung's ``_tiled_kernel`` and the ``_tile_update`` it calls, both
     jitted again (as a student pasting both into a cell would: the kernel calls the copy)."""
-    import numpy as np
     from numba import njit
 
     from mlsys_lab.kernels import cpu
@@ -611,7 +586,6 @@ def _shared_matmul(transform):
     and the ``_helpers`` factory of the device functions it calls, at the simulator's sizes."""
     import math
 
-    import numpy as np
     from numba import cuda
 
     from mlsys_lab.kernels import cuda as ladder
@@ -645,7 +619,6 @@ def _parallel_map(transform):
     methods, run for a minimal map node and context."""
     import queue
     import threading
-    import types
 
     from mlsys_lab.data.pipeline import pools
     pool_class = _transform_class(pools.ThreadPool, transform,
