@@ -30,7 +30,7 @@ from mlsys_lab.engine import schedule
 from mlsys_lab.engine.graph import Graph
 from mlsys_lab.grading.core import check as checks
 from mlsys_lab.grading.core import exercise as registry
-from mlsys_lab.grading.core import guard, wire
+from mlsys_lab.grading.core import grader, guard, wire
 from mlsys_lab.grading.core.check import run_cases
 from mlsys_lab.grading.core.exercise import Case, Exercise, register
 from mlsys_lab.grading.core.grader import grade
@@ -1335,11 +1335,12 @@ def sealed():
 
 
 def _emit(ex_id, namespace, capsys, seed=5):
-    """Run the hidden cell's ``emit`` here; return the grader's verdict on what it sent."""
+    """Run the hidden cell's ``emit`` here, with the plan as the grader sends it (JSON text);
+    return the grader's verdict on what it sent."""
     exercise = get_exercise(ex_id)
     marker = "__MARK__"
     capsys.readouterr()
-    probe.emit(ex_id, namespace, seed, marker, guard.plan_for(exercise), SEAL_KEY)
+    probe.emit(ex_id, namespace, seed, marker, grader._prepare(exercise)[1], SEAL_KEY)
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith(marker))
     return judge_exercise(exercise, json.loads(line[len(marker):]), seed)
@@ -1377,6 +1378,63 @@ def test_h4_a_patched_json_dumps_cannot_forge_the_result(ex_id, sealed, capsys, 
     result = _emit(ex_id, namespace, capsys)
     assert result.score == 0, result.report()
     assert all("changed `json.dumps`" in row.feedback for row in result.rows), result.report()
+
+
+def test_a_patched_json_decoder_cannot_empty_the_plan(sealed, capsys, monkeypatch):
+    """The plan reaches the kernel as JSON text. A notebook that patches the decoder to drop
+    every forbidden function from it (so that calling the library would pass) fails every case:
+    the decoder is the seal's, and the change is tampering."""
+    exercise = get_exercise("4.1")
+    cheat = CHEATS["4.1"](lambda f: f)
+    _passes_unguarded("4.1", cheat, monkeypatch)
+    sealed("4.1")
+    real_decode = json.decoder.JSONDecoder.decode
+
+    def emptying_decode(self, text, *args, **kwargs):
+        obj = real_decode(self, text, *args, **kwargs)
+        if isinstance(obj, dict) and "code" in obj:
+            obj = {**obj, "code": [], "builtins": []}
+        return obj
+
+    monkeypatch.setattr(json.decoder.JSONDecoder, "decode", emptying_decode)
+    namespace = dict(zip(exercise.targets, cheat))
+    result = _emit("4.1", namespace, capsys)
+    assert result.score == 0, result.report()
+    assert all("changed `json.decoder.JSONDecoder.decode`" in row.feedback
+               for row in result.rows), result.report()
+
+
+def test_the_hidden_cell_compiles_each_module_once_per_kernel(sealed, capsys):
+    """The hidden cell runs the grading modules from the source the grader sends, into fresh
+    private modules every check; their code is compiled once per kernel and kept in the seal
+    with its source. The same source is not compiled again; a different source is."""
+    import builtins
+
+    exercise = get_exercise("4.1")
+    sealed("4.1")
+    bundle, plan = grader._prepare(exercise)
+    namespace = {"__name__": "__main__", exercise.targets[0]: kahn_with_deque}
+
+    def hidden_cell(bundle):
+        capsys.readouterr()
+        source = grader._BOOTSTRAP.format(payload=repr((bundle, plan)), exercise="4.1",
+                                          seed=3, marker="__MARK__", key=SEAL_KEY)
+        exec(compile(source, "<hidden cell>", "exec"), namespace)
+        line = next(ln for ln in capsys.readouterr().out.splitlines()
+                    if ln.startswith("__MARK__"))
+        result = judge_exercise(exercise, json.loads(line[len("__MARK__"):]), 3)
+        assert result.score == result.max, result.report()
+        return dict(vars(builtins)[guard._SEAL_NAME.format(SEAL_KEY)]["compiled"])
+
+    first = hidden_cell(bundle)
+    assert set(first) == set(bundle)
+    again = hidden_cell(bundle)
+    assert all(again[name][1] is first[name][1] for name in bundle)
+    name = "mlsys_lab.grading.core.probe"
+    changed = {**bundle, name: (bundle[name][0], bundle[name][1] + "\n# another version\n")}
+    third = hidden_cell(changed)
+    assert third[name][1] is not first[name][1] and third[name][0] == changed[name][1]
+    assert all(third[n][1] is first[n][1] for n in bundle if n != name)
 
 
 def test_sealed_emit_keeps_full_marks_for_honest_answers(sealed, capsys):

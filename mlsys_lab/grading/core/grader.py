@@ -79,16 +79,23 @@ __all__ = ["ExerciseGrade", "GradeReport", "grade", "stop_all_kernels"]
 # The hidden cell. It loads the grading modules from the source in ``bundle`` into private
 # module objects (never registered in sys.modules) whose imports of each other resolve to the
 # private copies, then runs the probes and publishes the payload. The bundle and the guard plan
-# (~0.7 MB of literals) travel as one string literal evaluated in the kernel: IPython tokenises
-# a cell before running it, which took ~0.25 s on the same data written out as dict literals
-# and takes ~0.02 s on one string. A replaced ``builtins.eval`` is tampering (builtins are
-# sealed), so the probes fail every case.
+# (~0.7 MB) travel as one string literal evaluated in the kernel: IPython tokenises a cell
+# before running it, which took ~0.25 s on the same data written out as dict literals and takes
+# ~0.02 s on one string. The plan inside it is JSON text, which ``probe.emit`` decodes with the
+# seal's decoder (evaluating its ~1,400 entries as literals took 38 ms a check, decoding takes
+# 4 ms). A module's code is compiled once per kernel and kept in the seal with its source
+# (``compiled``): every check still runs it into fresh private modules, and a check whose source
+# differs compiles its own (compiling the ~0.2 MB of a chapter's modules took 34 ms a check). A
+# replaced ``builtins.eval`` or JSON decoder is tampering (both are sealed), so the probes fail
+# every case.
 _BOOTSTRAP = """\
 def __mlsys_lab_probe(payload, exercise, seed, marker):
     import builtins as B  # every builtin through B: the notebook may shadow the names
-    bundle, plan = B.eval(payload, {{"__builtins__": {{}}}})  # literals only
+    bundle, plan = B.eval(payload, {{"__builtins__": {{}}}})  # literals only; plan: JSON text
     real_import = B.__import__
     private = {{}}
+    seal = B.vars(B).get("__mlsys_lab_seal_" + {key!r} + "__")
+    compiled = seal.setdefault("compiled", {{}}) if B.type(seal) is B.dict else {{}}
 
     def load(name):
         if name not in private:
@@ -98,7 +105,10 @@ def __mlsys_lab_probe(payload, exercise, seed, marker):
             package = filename.endswith("__init__.py")
             module.__package__ = name if package else name.rpartition(".")[0]
             module.__builtins__ = B.dict(B.vars(B), __import__=private_import)
-            B.exec(B.compile(source, filename, "exec"), module.__dict__)
+            known = compiled.get(name)
+            if known is None or known[0] != source:
+                known = compiled[name] = (source, B.compile(source, filename, "exec"))
+            B.exec(known[1], module.__dict__)
         return private[name]
 
     def private_import(name, globals=None, locals=None, fromlist=(), level=0):
@@ -298,9 +308,9 @@ class _Run:
     """One grading run: the steps, the current kernel, the clock."""
 
     def __init__(self, nb, folder: Path, cell_timeout, timeout, max_output, max_restarts, kernel,
-                 prepared: dict[str, tuple[dict, dict]], env: dict[str, str] | None = None):
+                 prepared: dict[str, tuple[dict, str]], env: dict[str, str] | None = None):
         self.nb = nb
-        self.prepared = prepared  # exercise id -> (bundle, guard plan), made before the kernel
+        self.prepared = prepared  # exercise id -> (bundle, plan as JSON), made before the kernel
         self.folder = folder
         self.cell_timeout = float(cell_timeout)
         self.deadline = time.monotonic() + float(timeout)
@@ -610,10 +620,10 @@ def modules_of(chapter: int, also: tuple[str, ...] = ()) -> list[str]:
     return sorted(seen)
 
 
-def _prepare(exercise: Exercise) -> tuple[dict, dict]:
-    """What the hidden cell needs: the grading modules' source, and the guard plan."""
+def _prepare(exercise: Exercise) -> tuple[dict, str]:
+    """What the hidden cell needs: the grading modules' source, and the guard plan (JSON)."""
     bundle = {name: _source_of(name) for name in modules_of(chapter_of(exercise.id))}
-    return bundle, plan_for(exercise)
+    return bundle, json.dumps(plan_for(exercise), ensure_ascii=True, allow_nan=False)
 
 
 # ----------------------------------------------------------------------------- grading

@@ -73,8 +73,9 @@ static and immutable types such as ``numpy.ndarray``, are not recorded). A modul
 ``SEALED_MODULES`` first imported after the seal (by the notebook, or by a probe as it runs) is
 recorded the first time ``tampered`` sees it, if everything it holds is the library's code
 (``_seal_late``); a member that is the notebook's is named instead. The hidden cell looks
-before and after the probes and fails every case when anything changed, and sends the payload
-with the JSON encoder and publisher the seal holds, not the kernel's current ones.
+before and after the probes and fails every case when anything changed; it decodes the plan
+with the JSON decoder the seal holds, and sends the payload with its JSON encoder and
+publisher, not the kernel's current ones.
 
 The guard is a tripwire for every shortcut a notebook offers, not a sandbox: code that walks the
 interpreter's frames or objects to find and rewrite the guard's or the seal's state is deliberate
@@ -955,9 +956,10 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
     is the student's, whatever its file name, unless it is installed code as it is on disk),
     the threads already running, the functions and classes of ``SEALED_MODULES`` (``tampered``
     compares with them), the objects a payload leaves through, and private references to the
-    JSON encoder and the display publisher. The forbidden functions are not imported nor
-    fingerprinted here: a probe compiles what it needs of them from their files, once per
-    kernel. ``key`` (the grader's secret) names where it is kept for the hidden cells.
+    JSON decoder (the plan's way in), the JSON encoder and the display publisher. The
+    forbidden functions are not imported nor fingerprinted here: a probe compiles what it needs
+    of them from their files, once per kernel. ``key`` (the grader's secret) names where it is
+    kept for the hidden cells.
     """
     from mlsys_lab.grading.core.exercise import get_exercise
     for ex_id in exercise_ids:
@@ -969,6 +971,7 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
     # their files when a probe first needs them (``_code_at``), and library code loaded after
     # the seal is recognised as it is on disk (``_as_on_disk``).
     forbidden = {_where(code): code for code in _CODE_OF_FP.values()}
+    import json.decoder
     import json.encoder
     try:
         from IPython.display import publish_display_data
@@ -1002,6 +1005,7 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         "channel": channel,
         "kernels": _sealed_kernels(modules),
         "encoder": json.encoder.JSONEncoder,
+        "decoder": json.decoder.JSONDecoder,
         "publish": publish_display_data,
         "thread_start": start,
         "start_new_thread": tuple(getattr(sys.modules["_thread"], n) for n in (

@@ -115,17 +115,20 @@ def seal_cell(key: str, exercise_ids: Sequence[str]) -> str:
             "try:\n    __mlsys_lab_seal()\nfinally:\n    del __mlsys_lab_seal\n")
 
 
-def emit(exercise_id: str, namespace: dict, seed: int, marker: str, plan: dict,
+def emit(exercise_id: str, namespace: dict, seed: int, marker: str, plan: dict | str,
          key: str | None = None) -> None:
     """Probe the answer in ``namespace`` and publish the payload for the grader (its hidden cell).
 
     The payload goes out as one display-data message of type ``MIME`` carrying ``marker`` (the
     grader's fresh secret for this step), never as printed text. ``key`` names the seal the
-    grader's first cell recorded (``seal_cell``); the payload is then written with the JSON
-    encoder and sent with the publisher the seal holds, not the kernel's current ones.
+    grader's first cell recorded (``seal_cell``); the plan's JSON text (what the hidden cell
+    gets) is then decoded with the JSON decoder the seal holds, and the payload written with its
+    encoder and sent with its publisher, not the kernel's current ones.
     """
     state = find_seal(key) if key is not None else None
     try:
+        if isinstance(plan, str):
+            plan = (state["decoder"]() if state is not None else json.JSONDecoder()).decode(plan)
         exercise = get_exercise(exercise_id)
         try:
             answers: Sequence[Any] | str = [_lookup(namespace, t) for t in exercise.targets]
