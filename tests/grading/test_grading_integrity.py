@@ -24,6 +24,8 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import mlsys_lab as ml
 from mlsys_lab.engine import schedule
@@ -1207,6 +1209,55 @@ def test_similarity_separates_copies_from_independent_answers():
     assert guard.similarity(_paste_padded(schedule.kahn).__code__, schedule.kahn.__code__) == 1.0
     renamed = _paste_padded(schedule.kahn, "count_me = 0\n    count_me = count_me + 1")
     assert guard.similarity(renamed.__code__, schedule.kahn.__code__) >= guard.SIMILAR
+
+
+def _jaccard_and_sketches(a, b):
+    grams = [{tuple(t[i:i + n]) for n in guard._NGRAMS for i in range(len(t) - n + 1)}
+             for t in (a, b)]
+    union = len(grams[0] | grams[1])
+    return (len(grams[0] & grams[1]) / union if union else 1.0,
+            guard._bucket_counts(grams[0]), guard._bucket_counts(grams[1]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tokens=st.lists(st.sampled_from([f"OP{k}" for k in range(12)]), min_size=20,
+                       max_size=200),
+       edits=st.lists(st.tuples(st.booleans(), st.integers(0, 10**6),
+                                st.sampled_from([f"OP{k}" for k in range(14)])), max_size=12))
+def test_the_sketch_bound_never_rules_out_a_copy(tokens, edits):
+    """``may_be_similar`` only prunes: a stream and its edited copy (tokens inserted or
+    deleted) at or above ``SIMILAR`` always pass it, and the bound is never below the
+    similarity (an inexact bound would let a paste through unexamined)."""
+    copy = list(tokens)
+    for insert, at, token in edits:
+        at %= len(copy) + 1
+        if insert:
+            copy.insert(at, token)
+        elif copy and at < len(copy):
+            del copy[at]
+    similarity, a, b = _jaccard_and_sketches(tokens, copy)
+    common = sum(map(min, a, b))
+    assert similarity <= common / (sum(a) + sum(b) - common) + 1e-12
+    if similarity >= guard.SIMILAR:
+        assert guard.may_be_similar(a, b) and guard.may_be_similar(b, a)
+
+
+def test_sketches_spare_the_n_grams_of_unlike_forbidden_functions(monkeypatch):
+    """An honest answer of about the size of many forbidden functions (10.1's fold, against
+    the ~100 references of its size) is compared with none of them in full: their sketches
+    rule every one out, so none is compiled from its file and taken apart. A paste still is."""
+    answer = _solution_source("ch10_model_deployment.ipynb", "fold_bn")["fold_bn"]
+    plan = guard.plan_for(get_exercise("10.1"))
+    assert sum("sketch" in e for e in plan["code"]) >= 100
+    looked_at = []
+    real = guard._grams_of
+    monkeypatch.setattr(guard, "_grams_of", lambda state, fp, where: looked_at.append(fp)
+                        or real(state, fp, where))
+    g = guard.Guard(plan, guard.seal())
+    assert g._label(answer.__code__) is None and looked_at == []
+    pasted = _paste_padded(schedule.kahn)
+    g = guard.Guard(guard.plan_for(get_exercise("4.1")), guard.seal())
+    assert g._label(pasted.__code__) is not None and looked_at
 
 
 # Independent correct answers, written for these tests (not copied from the references): they

@@ -98,7 +98,8 @@ import sys
 import threading
 import types
 import weakref
-from typing import Any, Iterable
+import zlib
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -248,7 +249,10 @@ CLONE = 12
 SIMILAR = 0.85
 _NGRAMS = (3, 4, 5)
 _PURE_LOADS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})
-_GRAMS: dict[int, tuple[Any, frozenset]] = {}  # id(code) -> (weakref to it, its n-grams)
+_GRAMS: dict[int, tuple[Any, frozenset, tuple[int, ...]]] = {}  # id(code) -> (weakref to it,
+#                                                         its n-grams, their sketch)
+#: Buckets of an n-gram ``sketch``.
+SKETCH_BUCKETS = 16
 _CODE_OF_FP: dict[str, types.CodeType] = {}  # forbidden code seen by ``_entry``, by fingerprint
 
 
@@ -322,15 +326,46 @@ def _tokens(code: types.CodeType) -> list[str]:
 def shingles(code: types.CodeType) -> frozenset:
     """The set of hashed instruction n-grams (n = 3, 4, 5 over ``_tokens``) of a code object,
     computed once per code object."""
+    return _grams(code)[1]
+
+
+def sketch(code: types.CodeType) -> tuple[int, ...]:
+    """How many of a code object's distinct n-grams fall in each of ``SKETCH_BUCKETS`` buckets,
+    by a hash of the n-gram that is the same in every process (``shingles`` hashes with
+    Python's ``hash``, which is not): the plan carries each big forbidden function's, and
+    ``may_be_similar`` bounds a pair's similarity with two of them."""
+    return _grams(code)[2]
+
+
+def _grams(code: types.CodeType) -> tuple[Any, frozenset, tuple[int, ...]]:
     known = _GRAMS.get(id(code))
     if known is not None and known[0]() is code:
-        return known[1]
+        return known
     tokens = _tokens(code)
-    grams = frozenset(hash(tuple(tokens[i:i + n])) for n in _NGRAMS
-                      for i in range(max(len(tokens) - n + 1, 0)))
+    distinct = {tuple(tokens[i:i + n]) for n in _NGRAMS for i in range(max(len(tokens) - n + 1, 0))}
     key = id(code)
-    _GRAMS[key] = (weakref.ref(code, lambda _, key=key, table=_GRAMS: table.pop(key, None)), grams)
-    return grams
+    known = _GRAMS[key] = (
+        weakref.ref(code, lambda _, key=key, table=_GRAMS: table.pop(key, None)),
+        frozenset(map(hash, distinct)), _bucket_counts(distinct))
+    return known
+
+
+def _bucket_counts(grams: Iterable[tuple[str, ...]]) -> tuple[int, ...]:
+    """A ``sketch`` of distinct n-grams (tuples of tokens)."""
+    counts = [0] * SKETCH_BUCKETS
+    for gram in grams:
+        counts[zlib.crc32("\x1f".join(gram).encode()) % SKETCH_BUCKETS] += 1
+    return tuple(counts)
+
+
+def may_be_similar(a: Sequence[int], b: Sequence[int]) -> bool:
+    """False when two code objects with these sketches cannot be copies of each other: two
+    n-grams in common fall in the same bucket, so the pair has at most ``sum(min(a_k, b_k))``
+    in common, and their Jaccard similarity is at most that over the union it implies. Exact:
+    never False for a pair at or above ``SIMILAR``; it spares compiling and taking apart most
+    forbidden functions of about a copy's size (70-100 of them for an answer of chapter 10)."""
+    common = sum(map(min, a, b))
+    return common >= SIMILAR * (sum(a) + sum(b) - common)
 
 
 def similarity(a: types.CodeType, b: types.CodeType) -> float:
@@ -515,9 +550,11 @@ def _entry(code: types.CodeType, label: str) -> dict:
     _CODE_OF_FP.setdefault(fp, code)
     # How many n-grams it has: the kernel compares a copy's count first, and computes the
     # n-grams themselves only for the few functions of about its size.
-    grams = len(shingles(code)) if size >= DISTINCTIVE else 0
-    return {"label": label, "file": path, "line": line, "qualname": qualname, "size": size,
-            "fp": fp, "distinctive": size >= DISTINCTIVE, "grams": grams}
+    entry = {"label": label, "file": path, "line": line, "qualname": qualname, "size": size,
+             "fp": fp, "distinctive": size >= DISTINCTIVE, "grams": 0}
+    if size >= DISTINCTIVE:  # its sketch spares the kernel its n-grams for most copies' sizes
+        entry.update(grams=len(shingles(code)), sketch=list(sketch(code)))
+    return entry
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -1424,21 +1461,29 @@ def _grams_of(state: dict, fp: str, where: tuple) -> frozenset | None:
 
 
 def _similar(state: dict, code: types.CodeType, fps: dict[str, int | None],
-             where_of: dict[str, tuple]) -> list[str]:
+             where_of: dict[str, tuple], sketches: dict[str, list[int]] | None = None
+             ) -> list[str]:
     """Those of the forbidden functions ``fps`` (fingerprint -> n-gram count) that ``code`` is a
     copy of (Jaccard similarity of their n-grams at least ``SIMILAR``); each pair is compared
-    once per kernel, and only functions of about the same size are looked at."""
+    once per kernel, and only functions of about the same size whose ``sketches`` (where the
+    plan has them) allow it are looked at."""
     known = state["similar"].get(id(code))
     if known is None or known[0] is not code:
         known = state["similar"][id(code)] = (code, {})  # holds it: its id is not reused
     verdicts = known[1]
     mine = shingles(code)
     n = len(mine)
+    mine_sketch = sketch(code)
     for fp, count in fps.items():
         if fp in verdicts:
             continue
         if count is not None and (not n or min(n, count) < SIMILAR * max(n, count)):
             verdicts[fp] = False  # Jaccard <= min / max
+            continue
+        other = sketches.get(fp) if sketches else None
+        if (other is not None and len(other) == len(mine_sketch)
+                and not may_be_similar(mine_sketch, other)):
+            verdicts[fp] = False
             continue
         grams = _grams_of(state, fp, where_of[fp])
         if grams is None:
@@ -1643,6 +1688,7 @@ class Guard:
         # Each big forbidden function's n-gram count; its n-grams are computed when a copy of
         # about its size shows up (``_similar``), once per kernel.
         self._gram_counts: dict[str, int | None] = {}
+        self._sketches: dict[str, list[int]] = {}  # and its sketch, where the plan has it
         self._counts_sorted: tuple[list[int], list[str]] | None = None
         self._where_of_fp: dict[str, tuple] = {}
         for e in plan["code"]:
@@ -1655,6 +1701,8 @@ class Guard:
             if e["distinctive"]:
                 self._by_fp.setdefault(fp, label)
                 self._gram_counts[fp] = e.get("grams")
+                if e.get("sketch") is not None:
+                    self._sketches[fp] = e["sketch"]
             if e["size"] >= CLONE:
                 self._by_clone.setdefault(fp, []).append(e)
         allowed = plan.get("allowed")
@@ -1725,7 +1773,7 @@ class Guard:
             label = self._by_fp.get(fp)
             if label is None:
                 matches = _similar(self._state, code, self._similar_candidates(code),
-                                   self._where_of_fp)
+                                   self._where_of_fp, self._sketches)
                 label = self._by_fp[matches[0]] if matches else None
         if label is not None:
             return label, f" (your `{name}` is a copy of its code)"
