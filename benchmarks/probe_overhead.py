@@ -85,7 +85,11 @@ def _child(notebook: str, rounds: int) -> dict:
         exec(compile(source, filename, "exec"), scope)
     exercises = [get_exercise(i) for i in ids]
     answers = {e.id: [_lookup(scope, t) for t in e.targets] for e in exercises}
-    plans = {e.id: guard.plan_for(e) for e in exercises}  # computed by the grader, not the kernel
+    # The grader computes the plans in its own process and sends them as JSON: the kernel's
+    # caches of the forbidden functions' code, fingerprints and n-grams start empty.
+    plans = json.loads(json.dumps({e.id: guard.plan_for(e) for e in exercises}))
+    for cache in ("_CODE_OF_FP", "_GRAMS", "_IDENTITY", "_PLANS"):
+        getattr(guard, cache).clear()
     seed = 1234
 
     def plain(stand_in=_Unwatched) -> float:
