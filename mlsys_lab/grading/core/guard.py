@@ -898,15 +898,24 @@ def _nested_in_sealed(state: dict, code: types.CodeType) -> bool:
     recorded code is grouped by file when code first asks)."""
     nested = state.get("nested")
     if nested is None:
-        by_file: dict[str, list[types.CodeType]] = {}
-        for c in list(state["codes"].values()):
-            by_file.setdefault(c.co_filename, []).append(c)
-        nested = state["nested"] = {"by_file": by_file, "files": {}}
-    found = nested["files"].get(code.co_filename)
+        codes = list(state["codes"].values())
+        nested = state["nested"] = {"codes": codes, "by_file": None, "found": {},
+                                    "files": frozenset(map(_CO_FILENAME, codes))}
+    filename = code.co_filename
+    if filename not in nested["files"]:  # a module imported since (the late seal asks for all)
+        return False
+    found = nested["found"].get(filename)
     if found is None:
-        found = nested["files"][code.co_filename] = _nested(
-            nested["by_file"].get(code.co_filename, []))
+        by_file = nested["by_file"]
+        if by_file is None:
+            by_file = nested["by_file"] = {}
+            for c in nested["codes"]:
+                by_file.setdefault(c.co_filename, []).append(c)
+        found = nested["found"][filename] = _nested(by_file[filename])
     return found.get(id(code)) is code
+
+
+_CO_FILENAME = operator.attrgetter("co_filename")
 
 
 def _function_of(value: Any) -> Any:
@@ -1392,7 +1401,7 @@ def _foreign_value(state: dict, value: Any, attr: str | None) -> bool:
     if kind is not types.FunctionType:
         return False  # an object: its class is looked at
     code = value.__code__
-    if not _origin(state, code)[1]:
+    if not _is_student(state, code):
         return False
     return not (attr in _GENERATED and _synthetic(code.co_filename))
 
@@ -1636,14 +1645,26 @@ def _origin(state: dict, code: types.CodeType) -> tuple[str | None, bool]:
     The student's code is code the seal does not know and that is not installed code as it is
     on disk (``_trusted``), whatever file name it claims; once per kernel per code object.
     """
+    student = _is_student(state, code)
+    known = state["origins"][id(code)]
+    if known[1] is _NOT_YET:
+        # Made from a string (namedtuples, dataclasses), the library's code is nobody's module.
+        known = state["origins"][id(code)] = (
+            code, None if student else _claimed_module(state, code), student)
+    return known[1], student
+
+
+_NOT_YET = object()  # an origin's module, not looked up yet
+
+
+def _is_student(state: dict, code: types.CodeType) -> bool:
+    """``_origin``'s second half, without looking up the module (the late seal needs only it)."""
     known = state["origins"].get(id(code))
     if known is not None and known[0] is code:
-        return known[1], known[2]
+        return known[2]
     student = not _trusted(state, code)
-    # Made from a string (namedtuples, dataclasses), the library's code is nobody's module.
-    module = None if student else _claimed_module(state, code)
-    state["origins"][id(code)] = (code, module, student)  # holds it: its id is not reused
-    return module, student
+    state["origins"][id(code)] = (code, _NOT_YET, student)  # holds it: its id is not reused
+    return student
 
 
 def _c_module(builtin: Any) -> str | None:
@@ -1762,7 +1783,7 @@ class Guard:
             label = self._by_synthetic[where].get(fingerprint(code))
         if label is not None:
             return label, ""
-        if not (self._by_fp or self._by_clone) or not _origin(self._state, code)[1]:
+        if not (self._by_fp or self._by_clone) or not _is_student(self._state, code):
             return None
         if len(code.co_code) < 2 * CLONE:  # every instruction is at least 2 bytes
             return None
@@ -1826,7 +1847,7 @@ class Guard:
         label = self._label(code)
         foreign, student = None, False
         if self._allowed is not None:
-            student = _origin(self._state, code)[1]
+            student = _is_student(self._state, code)
             if student:
                 self._students[id(code)] = code  # the hook checks the C functions it calls
                 if self._tables is not None:
