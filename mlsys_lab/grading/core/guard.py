@@ -1649,12 +1649,16 @@ def _origin(state: dict, code: types.CodeType) -> tuple[str | None, bool]:
     known = state["origins"][id(code)]
     if known[1] is _NOT_YET:
         # Made from a string (namedtuples, dataclasses), the library's code is nobody's module.
-        known = state["origins"][id(code)] = (
-            code, None if student else _claimed_module(state, code), student)
+        module = None if student else _claimed_module(state, code)
+        if module is not None or student:  # else looked up again: its module may come later
+            state["origins"][id(code)] = (code, module, student)
+        return module, student
     return known[1], student
 
 
-_NOT_YET = object()  # an origin's module, not looked up yet
+# An origin's module not looked up yet: a value, not an object of its own, since every private
+# copy of this module (one per check) reads the same table.
+_NOT_YET = False
 
 
 def _is_student(state: dict, code: types.CodeType) -> bool:
@@ -1745,6 +1749,7 @@ class Guard:
         self._dispatch_codes: dict[int, types.CodeType] = {}
         self._found: list | None = None
         self._by_name: dict[tuple[str, str], Any] | None = None  # see ``_label_by_name``
+        self._forbidden_files: frozenset[str] | None = None  # see ``_dispatcher_label_of``
         self._off: tuple[tuple, dict] | None = None  # (overload counts, what to switch off)
         self._clean: dict[int, tuple[Any, int]] = {}  # dispatchers that run no forbidden code
         self._students: dict[int, types.CodeType] = {}  # the student's code seen, by id
@@ -1853,7 +1858,7 @@ class Guard:
                 if self._tables is not None:
                     self._tables.student.add(id(code))
             elif code.co_name not in ("<module>", "__del__") and not _gc_callback(code):
-                module = _claimed_module(self._state, code)
+                module = _origin(self._state, code)[0]  # cached per kernel
                 if module is not None:
                     foreign = self._foreign_label(module, _qualname(code))
         if label is not None:
@@ -2100,33 +2105,23 @@ class Guard:
         return label
 
     def _dispatcher_label_of(self, dispatcher) -> tuple[str, str] | None:
-        codes = [getattr(getattr(dispatcher, "py_func", None), "__code__", None)]
-        sealed = self._state["kernels"].get(id(dispatcher))
-        if sealed is not None and sealed[0] is dispatcher:  # its py_func when the seal was taken
-            codes.append(sealed[1])
-        # The code Numba made the dispatcher from, which it keeps beside ``py_func``.
-        codes.append(getattr(dispatcher, "__dict__", {}).get("func_code"))
-        # What the overloads were compiled from: a swapped ``py_func`` does not change them.
-        overloads = getattr(dispatcher, "overloads", None)
-        compiled = list(overloads.values()) if isinstance(overloads, dict) else []
-        for cres in compiled:
-            func_id = getattr(getattr(cres, "type_annotation", None), "func_id", None)
-            codes.append(getattr(func_id, "code", None))
+        codes, names, files = _dispatcher_sources(self._state, dispatcher)
+        if files is not None:  # none of it the student's: only a forbidden function's file
+            if self._forbidden_files is None:
+                self._forbidden_files = frozenset(
+                    where[0] for table in (self._by_where, self._by_synthetic) for where in table)
+            if files.isdisjoint(self._forbidden_files):
+                return None
         for code in codes:
-            if isinstance(code, types.CodeType):
-                entry = self._seen.get(id(code))
-                if entry is not None and entry[0] is code:
-                    label = entry[2] if entry[1] == _FORBIDDEN else None
-                else:  # only whether it is forbidden: its code runs as Python only when off
-                    label = self._label(code)
-                if label is not None:
-                    return label
-        # An overload loaded from Numba's disk cache has its annotation as text; its function
-        # descriptor still names the module and function it was compiled from.
-        for cres in compiled:
-            described = getattr(cres, "fndesc", None)
-            label = self._label_by_name(getattr(described, "modname", None),
-                                        getattr(described, "qualname", None))
+            entry = self._seen.get(id(code))
+            if entry is not None and entry[0] is code:
+                label = entry[2] if entry[1] == _FORBIDDEN else None
+            else:  # only whether it is forbidden: its code runs as Python only when off
+                label = self._label(code)
+            if label is not None:
+                return label
+        for module, qualname in names:
+            label = self._label_by_name(module, qualname)
             if label is not None:
                 return label
         return None
@@ -2296,6 +2291,59 @@ def _gc_callback(code: types.CodeType) -> bool:
     frame allocated when a collection began (student code, say), but nobody there called it
     (hypothesis, for one, registers such a callback)."""
     return any(getattr(cb, "__code__", None) is code for cb in gc.callbacks)
+
+
+def _dispatcher_sources(state: dict, dispatcher) -> tuple[list, list, frozenset | None]:
+    """What a Numba dispatcher was made from: (code objects, (module, qualified name) of each
+    overload's function descriptor, the real paths of the files all of them come from, or None
+    when one is the student's code or its file is unknown). Plan-independent, so kept per
+    kernel, looked at again when the dispatcher's ``py_func`` or number of overloads changed."""
+    py_func = getattr(dispatcher, "py_func", None)
+    overloads = getattr(dispatcher, "overloads", None)
+    compiled = list(overloads.values()) if isinstance(overloads, dict) else []
+    sealed = state["kernels"].get(id(dispatcher))
+    # The code Numba made the dispatcher from, which it keeps beside ``py_func``.
+    func_code = getattr(dispatcher, "__dict__", {}).get("func_code")
+    read = (py_func, len(compiled), sealed, func_code)
+    cache = state.setdefault("dispatcher_sources", {})
+    known = cache.get(id(dispatcher))
+    if (known is not None and known[0] is dispatcher and known[1][0] is py_func
+            and known[1][1] == len(compiled) and known[1][2] is sealed
+            and known[1][3] is func_code):
+        return known[2:]
+    codes = [getattr(py_func, "__code__", None)]
+    if sealed is not None and sealed[0] is dispatcher:  # its py_func when the seal was taken
+        codes.append(sealed[1])
+    codes.append(func_code)
+    # What the overloads were compiled from: a swapped ``py_func`` does not change them.
+    for cres in compiled:
+        func_id = getattr(getattr(cres, "type_annotation", None), "func_id", None)
+        codes.append(getattr(func_id, "code", None))
+    codes = [c for c in codes if isinstance(c, types.CodeType)]
+    # An overload loaded from Numba's disk cache has its annotation as text; its function
+    # descriptor still names the module and function it was compiled from.
+    names = []
+    for cres in compiled:
+        described = getattr(cres, "fndesc", None)
+        module, qualname = (getattr(described, "modname", None),
+                            getattr(described, "qualname", None))
+        if isinstance(module, str) and isinstance(qualname, str):
+            names.append((module, qualname))
+    files: set[str] | None = set()
+    for code in codes:
+        if _is_student(state, code):
+            files = None
+            break
+        files.add(_where(code)[0])
+    for module, _ in names if files is not None else ():
+        path = getattr(sys.modules.get(module), "__file__", None)
+        if not isinstance(path, str):
+            files = None
+            break
+        files.add(_realpath(path))
+    sources = (codes, names, frozenset(files) if files is not None else None)
+    cache[id(dispatcher)] = (dispatcher, read, *sources)  # holds them: their ids stay theirs
+    return sources
 
 
 def _dispatchers(mod: types.ModuleType) -> list:

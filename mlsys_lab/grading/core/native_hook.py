@@ -153,16 +153,21 @@ class _Table:
 
 
 def _put(keys: np.ndarray, width: int, key: tuple) -> bool:
-    """Insert ``key`` by linear probing from ``_hash``; whether it was new."""
+    """Insert ``key`` by linear probing from ``_hash``; whether it was new. (The guard adds a
+    key for each code object it classifies: the slots are read as Python ints, ``item``, not
+    sliced into arrays.)"""
     mask = len(keys) // width - 1
     i = _hash(key) & mask
+    item = keys.item
     while True:
-        row = tuple(int(v) for v in keys[i * width:(i + 1) * width])
-        if row == key:
-            return False
-        if row[0] == 0:
-            keys[i * width:(i + 1) * width] = key
+        at = i * width
+        first = item(at)
+        if first == 0:
+            keys[at:at + width] = key
             return True
+        if first == key[0] and (width == 1 or all(
+                item(at + j) == key[j] for j in range(1, width))):
+            return False
         i = (i + 1) & mask
 
 
