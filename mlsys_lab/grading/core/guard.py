@@ -30,7 +30,9 @@ from their files when a probe first needs them.
   same name, or the very same bytes and constants, at least ``CLONE`` instructions), or when
   it is a copy of a big one (``DISTINCTIVE`` instructions): the Jaccard similarity of their
   instruction n-grams (``shingles``; locals, strings and jump targets abstracted, padding
-  ignored) is at least ``SIMILAR``. A match raises ``OffLimitsError`` and records the refusal;
+  ignored) is at least ``SIMILAR`` (compared in full only with forbidden functions of about its
+  size whose ``sketch``, which the plan carries, allows it: ``may_be_similar`` is an exact
+  bound). A match raises ``OffLimitsError`` and records the refusal;
   a refusal sticks, so catching the error does not help.
 * The closed probe (the plan's ``allowed``, from ``Exercise.allowed``): a function of a module
   the allowlist does not permit (longest matching entry; ``-numpy.f2py`` takes one back out) is
@@ -543,16 +545,17 @@ def _synthetic(filename: str) -> bool:
 def _entry(code: types.CodeType, label: str) -> dict:
     """One forbidden function as plain data; ``label`` is how refusals name it.
 
-    ``distinctive``: big enough to be matched by fingerprint alone (a pasted copy).
+    ``distinctive``: big enough to be matched by fingerprint alone (a pasted copy); such an
+    entry also has ``grams`` (how many distinct n-grams) and ``sketch`` (``sketch``).
     """
     path, line, qualname = _where(code)
     fp, size = _identity(code)
     _CODE_OF_FP.setdefault(fp, code)
-    # How many n-grams it has: the kernel compares a copy's count first, and computes the
-    # n-grams themselves only for the few functions of about its size.
+    # How many n-grams it has, and their sketch: the kernel compares a copy's count and sketch
+    # first, and computes the n-grams themselves only for the few functions both allow.
     entry = {"label": label, "file": path, "line": line, "qualname": qualname, "size": size,
              "fp": fp, "distinctive": size >= DISTINCTIVE, "grams": 0}
-    if size >= DISTINCTIVE:  # its sketch spares the kernel its n-grams for most copies' sizes
+    if size >= DISTINCTIVE:
         entry.update(grams=len(shingles(code)), sketch=list(sketch(code)))
     return entry
 
