@@ -83,7 +83,7 @@ __all__ = ["ExerciseGrade", "GradeReport", "grade", "stop_all_kernels"]
 # before running it, which took ~0.25 s on the same data written out as dict literals and takes
 # ~0.02 s on one string. The plan inside it is JSON text, which ``probe.emit`` decodes with the
 # seal's decoder (evaluating its ~1,400 entries as literals took 38 ms a check, decoding takes
-# 4 ms). A module's code is compiled once per kernel and kept in the seal with its source
+# 2 ms). A module's code is compiled once per kernel and kept in the seal with its source
 # (``compiled``): every check still runs it into fresh private modules, and a check whose source
 # differs compiles its own (compiling the ~0.2 MB of a chapter's modules took 34 ms a check). A
 # replaced ``builtins.eval`` or JSON decoder is tampering (both are sealed), so the probes fail

@@ -2300,19 +2300,19 @@ def _dispatcher_sources(state: dict, dispatcher) -> tuple[list, list, frozenset 
     """What a Numba dispatcher was made from: (code objects, (module, qualified name) of each
     overload's function descriptor, the real paths of the files all of them come from, or None
     when one is the student's code or its file is unknown). Plan-independent, so kept per
-    kernel, looked at again when the dispatcher's ``py_func`` or number of overloads changed."""
+    kernel, looked at again when what it is read from changed: ``py_func``, the overloads, the
+    seal's record of the dispatcher, ``func_code``."""
     py_func = getattr(dispatcher, "py_func", None)
     overloads = getattr(dispatcher, "overloads", None)
     compiled = list(overloads.values()) if isinstance(overloads, dict) else []
     sealed = state["kernels"].get(id(dispatcher))
     # The code Numba made the dispatcher from, which it keeps beside ``py_func``.
     func_code = getattr(dispatcher, "__dict__", {}).get("func_code")
-    read = (py_func, len(compiled), sealed, func_code)
+    read = (py_func, sealed, func_code, *compiled)
     cache = state.setdefault("dispatcher_sources", {})
     known = cache.get(id(dispatcher))
-    if (known is not None and known[0] is dispatcher and known[1][0] is py_func
-            and known[1][1] == len(compiled) and known[1][2] is sealed
-            and known[1][3] is func_code):
+    if (known is not None and known[0] is dispatcher and len(known[1]) == len(read)
+            and all(map(operator.is_, known[1], read))):
         return known[2:]
     codes = [getattr(py_func, "__code__", None)]
     if sealed is not None and sealed[0] is dispatcher:  # its py_func when the seal was taken
@@ -2345,7 +2345,7 @@ def _dispatcher_sources(state: dict, dispatcher) -> tuple[list, list, frozenset 
             break
         files.add(_realpath(path))
     sources = (codes, names, frozenset(files) if files is not None else None)
-    cache[id(dispatcher)] = (dispatcher, read, *sources)  # holds them: their ids stay theirs
+    cache[id(dispatcher)] = (dispatcher, read, *sources)  # holds what it read: ids stay theirs
     return sources
 
 
