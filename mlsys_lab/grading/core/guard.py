@@ -390,12 +390,14 @@ def _exact(code: types.CodeType) -> tuple:
             code.co_cellvars, code.co_flags, code.co_argcount, code.co_kwonlyargcount)
 
 
-_ON_DISK: dict[str, dict[tuple, types.CodeType] | None] = {}  # file -> {where: its code there}
+# real path -> {(first line, qualified name): the code compiled there}
+_ON_DISK: dict[str, dict[tuple[int, str], types.CodeType] | None] = {}
 
 
-def _on_disk(filename: str) -> dict[tuple, types.CodeType] | None:
-    """``{where: code}`` of every code object compiled from a source file as it is on disk (once
-    per file), or None when it is not a Python source file that compiles."""
+def _on_disk(filename: str) -> dict[tuple[int, str], types.CodeType] | None:
+    """``{(first line, qualified name): code}`` of every code object compiled from a source
+    file as it is on disk (once per file), or None when it is not a Python source file that
+    compiles."""
     path = _REALPATH.get(filename) or os.path.realpath(filename)
     if path in _ON_DISK:
         return _ON_DISK[path]
@@ -409,7 +411,7 @@ def _on_disk(filename: str) -> dict[tuple, types.CodeType] | None:
             except (OSError, SyntaxError, ValueError):
                 top = None
         if top is not None:
-            table = {_where(c): c for c in _codes(top)}
+            table = {(c.co_firstlineno, _qualname(c)): c for c in (top, *_nested([top]).values())}
     _ON_DISK[path] = table
     return table
 
@@ -478,11 +480,10 @@ def _as_on_disk(code: types.CodeType) -> bool:
     """
     if code.co_filename.startswith("<"):
         return False
-    path = _where(code)[0]
-    if not path.startswith(_library_roots()):
+    if not _where(code)[0].startswith(_library_roots()):
         return False
     table = _on_disk(code.co_filename)
-    known = table.get(_where(code)) if table else None
+    known = table.get((code.co_firstlineno, _qualname(code))) if table else None
     # Code objects compare their instructions (unspecialised), constants, names, line table and
     # signature, never calling a constant's ``__eq__`` (other objects count by identity).
     return known is not None and (known is code or known == code)
@@ -492,7 +493,7 @@ def _code_at(where: tuple) -> types.CodeType | None:
     """The code object the file ``where[0]`` compiles to at ``where`` (a forbidden function's
     code, for its n-grams, when the kernel has not imported it)."""
     table = _on_disk(where[0]) if not _synthetic(where[0]) else None
-    return table.get(tuple(where)) if table else None
+    return table.get((where[1], where[2])) if table else None
 
 
 def _grader_own(code: types.CodeType) -> bool:
