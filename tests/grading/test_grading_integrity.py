@@ -1385,16 +1385,22 @@ def sealed():
     vars(builtins).pop(guard._SEAL_NAME.format(SEAL_KEY), None)
 
 
+MARKER = "__MARK__"
+
+
 def _emit(ex_id, namespace, capsys, seed=5):
     """Run the hidden cell's ``emit`` here, with the plan as the grader sends it (JSON text);
     return the grader's verdict on what it sent."""
     exercise = get_exercise(ex_id)
-    marker = "__MARK__"
     capsys.readouterr()
-    probe.emit(ex_id, namespace, seed, marker, grader._prepare(exercise)[1], SEAL_KEY)
-    out = capsys.readouterr().out
-    line = next(ln for ln in out.splitlines() if ln.startswith(marker))
-    return judge_exercise(exercise, json.loads(line[len(marker):]), seed)
+    probe.emit(ex_id, namespace, seed, MARKER, grader._prepare(exercise)[1], SEAL_KEY)
+    return _judged(exercise, capsys.readouterr().out, seed)
+
+
+def _judged(exercise, out, seed):
+    """The grader's verdict on the payload a hidden cell printed (outside a kernel)."""
+    line = next(ln for ln in out.splitlines() if ln.startswith(MARKER))
+    return judge_exercise(exercise, json.loads(line[len(MARKER):]), seed)
 
 
 def _stub(*args, **kwargs):
@@ -1469,11 +1475,9 @@ def test_the_hidden_cell_compiles_each_module_once_per_kernel(sealed, capsys):
     def hidden_cell(bundle):
         capsys.readouterr()
         source = grader._BOOTSTRAP.format(payload=repr((bundle, plan)), exercise="4.1",
-                                          seed=3, marker="__MARK__", key=SEAL_KEY)
+                                          seed=3, marker=MARKER, key=SEAL_KEY)
         exec(compile(source, "<hidden cell>", "exec"), namespace)
-        line = next(ln for ln in capsys.readouterr().out.splitlines()
-                    if ln.startswith("__MARK__"))
-        result = judge_exercise(exercise, json.loads(line[len("__MARK__"):]), 3)
+        result = _judged(exercise, capsys.readouterr().out, 3)
         assert result.score == result.max, result.report()
         return dict(vars(builtins)[guard._SEAL_NAME.format(SEAL_KEY)]["compiled"])
 

@@ -2130,11 +2130,9 @@ class Guard:
                 return label
         return None
 
-    def _label_by_name(self, module: Any, qualname: Any) -> tuple[str, str] | None:
+    def _label_by_name(self, module: str, qualname: str) -> tuple[str, str] | None:
         """The label of the forbidden function ``qualname`` of module ``module`` (by the
-        module's file), or None."""
-        if not (isinstance(module, str) and isinstance(qualname, str)):
-            return None
+        module's file), or None (``_dispatcher_sources`` keeps only names that are strings)."""
         path = getattr(sys.modules.get(module), "__file__", None)
         if not isinstance(path, str):
             return None
