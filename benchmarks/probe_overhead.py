@@ -8,10 +8,12 @@ the student's code), then times the exercises' probes, seeds fixed:
 
 * **plain**: per exercise, ``probe.run_exercise`` with the guard replaced by a no-op (every
   probe called on the answers, its result encoded for the wire) and the judges;
-* **probed**: what the grader runs: ``guard.seal`` (its first cell, before any student cell;
-  timed on its own and counted once per notebook) and, per exercise, ``probe.run_exercise``
-  with the grader's plan and the seal (the guard on around each probe, ``tampered`` before and
-  after) and the judges. Every exercise must score full marks.
+* **probed**: what the grader runs: ``guard.seal`` with the grader's references (its first
+  cell, before any student cell; timed on its own and counted once per notebook) and, per
+  exercise, the plan decoded from its JSON with the seal's decoder, ``probe.run_exercise`` with
+  it and the seal (the guard on around each probe, ``tampered`` before and after) and the
+  judges. Every exercise must score full marks. The plans and references are computed in
+  another process, as the grader computes them.
 
 Rounds alternate plain and probed, each after a full collection (one landing inside a run by
 chance added 0.15 s to it); the best of each is kept. Prints per notebook: plain, seal,
@@ -69,9 +71,20 @@ def _child(notebook: str, rounds: int) -> dict:
     seal_seconds = []
     import IPython.display  # noqa: F401 - a kernel has it loaded before the seal
 
+    # The grader computes the plans in its own process and sends them as JSON: the kernel
+    # neither imports the forbidden functions' modules (which it would then seal late) nor has
+    # their code, fingerprints and n-grams cached. The part every plan shares (the grader's
+    # references) goes to the seal, once per kernel.
+    sent = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json, sys\n"
+         "from mlsys_lab.grading.core.exercise import get_exercise\n"
+         "from mlsys_lab.grading.core.guard import plan_for, reference_plan\n"
+         "print(json.dumps({'plans': {i: json.dumps(plan_for(get_exercise(i))) for i in "
+         "sys.argv[1:]}, 'references': reference_plan()['text']}))", *ids],
+        capture_output=True, text=True, check=True).stdout)
     gc.collect()
     start = time.perf_counter()
-    state = guard.seal("probe-overhead", ids)  # as the grader does: keyed
+    state = guard.seal("probe-overhead", ids, sent["references"])  # as the grader does: keyed
     seal_seconds.append(time.perf_counter() - start)
     scope = {"__name__": "__main__"}
     os.chdir(path.parent)
@@ -85,15 +98,8 @@ def _child(notebook: str, rounds: int) -> dict:
         exec(compile(source, filename, "exec"), scope)
     exercises = [get_exercise(i) for i in ids]
     answers = {e.id: [_lookup(scope, t) for t in e.targets] for e in exercises}
-    # The grader computes the plans in its own process and sends them as JSON: the kernel
-    # neither imports the forbidden functions' modules (which it would then seal late) nor has
-    # their code, fingerprints and n-grams cached.
-    plans = json.loads(subprocess.run(
-        [sys.executable, "-c", "import json, sys\n"
-         "from mlsys_lab.grading.core.exercise import get_exercise\n"
-         "from mlsys_lab.grading.core.guard import plan_for\n"
-         "print(json.dumps({i: plan_for(get_exercise(i)) for i in sys.argv[1:]}))", *ids],
-        capture_output=True, text=True, check=True).stdout)
+    texts = sent["plans"]
+    plans = {i: json.loads(text) for i, text in texts.items()}
     seed = 1234
 
     def plain(stand_in=_Unwatched) -> float:
@@ -116,8 +122,9 @@ def _child(notebook: str, rounds: int) -> dict:
         gc.collect()
         start = time.perf_counter()
         for e in exercises:
+            plan = state["decoder"]().decode(texts[e.id])  # as ``probe.emit`` does
             result = judge_exercise(
-                e, probe.run_exercise(e, answers[e.id], seed, plans[e.id], state), seed)
+                e, probe.run_exercise(e, answers[e.id], seed, plan, state), seed)
             if result.score != result.max:
                 raise SystemExit(f"{notebook} {e.id} probed: {result.report()}")
         return time.perf_counter() - start

@@ -305,12 +305,43 @@ def test_library_shortcuts_of_the_demo_are_refused():
 
 def test_plan_lists_references_but_not_the_probes_helpers():
     plan = guard.plan_for(registry.get_exercise("0.2"))
-    labels = " ".join(entry["label"] for entry in plan["code"])
+    labels = " ".join(entry["label"] for entry in guard.plan_entries(plan))
     assert "ex0_2_fib._fib`" in labels and "ex0_2_fib._large_judge`" in labels
     assert "ex0_2_fib._big_n`" not in labels  # 0.2's probe uses it
     assert "ex0_1_square._floats`" in labels  # only 0.1's probes use it
     plan = guard.plan_for(registry.get_exercise("0.1"))
-    assert "ex0_1_square._floats`" not in " ".join(entry["label"] for entry in plan["code"])
+    assert "ex0_1_square._floats`" not in " ".join(entry["label"]
+                                                   for entry in guard.plan_entries(plan))
+
+
+def test_the_shared_references_are_indexed_as_the_whole_plan_would_be():
+    """Every plan carries its own entries and names the grader's references (~1,300 entries,
+    the same for every exercise) by digest; the guard copies their tables, indexed once per
+    kernel, under its own. For every exercise the guard then looks up what it would with all
+    the entries in one list (``plan_entries``): the same labels by where and by fingerprint,
+    the same clones in the same order, the same copy candidates. A split that forgot the
+    excused references (the probes' own helpers, refused) or the plain fingerprints (a helper
+    like them, refused as a copy) breaks it."""
+    state = guard.seal()
+    tables = None
+    for ex_id in sorted({"0.1", "0.2", *CHEATS, *LATER_CHAPTERS}, key=float):
+        plan = guard.plan_for(get_exercise(ex_id))
+        assert not any("the grader's own" in e["label"] for e in plan["code"]), ex_id
+        split = guard.Guard(plan, state)
+        whole = guard.Guard({**plan, "code": guard.plan_entries(plan), "references": None}, state)
+        assert whole._shared is None and split._shared is not None
+        tables = tables or split._shared
+        assert split._shared is tables, ex_id  # indexed once per seal
+        for name in ("by_where", "by_synthetic", "by_fp", "gram_counts", "sketches", "by_clone"):
+            assert getattr(split, "_" + name) == getattr(whole, "_" + name), (ex_id, name)
+        for fp in whole._gram_counts:  # where a copy candidate's code is found: same function
+            assert guard._where(guard._forbidden_code(state, split._where_of_fp[fp], fp)) \
+                == guard._where(guard._forbidden_code(state, whole._where_of_fp[fp], fp))
+        probe_code = get_exercise(ex_id).cases[0].probe.__code__
+        assert split._similar_candidates(probe_code) == whole._similar_candidates(probe_code)
+        assert split._counts_sorted == whole._counts_sorted, ex_id
+    excused = guard.plan_for(get_exercise("0.2"))["references"]["excused"]
+    assert any(qualname == "_big_n" for _, _, qualname in excused)
 
 
 def test_an_unguardable_spec_is_rejected_with_advice():
@@ -1248,7 +1279,7 @@ def test_sketches_spare_the_n_grams_of_unlike_forbidden_functions(monkeypatch):
     rule every one out, so none is compiled from its file and taken apart. A paste still is."""
     answer = _solution_source("ch10_model_deployment.ipynb", "fold_bn")["fold_bn"]
     plan = guard.plan_for(get_exercise("10.1"))
-    assert sum("sketch" in e for e in plan["code"]) >= 100
+    assert sum("sketch" in e for e in guard.plan_entries(plan)) >= 100
     looked_at = []
     real = guard._grams_of
     monkeypatch.setattr(guard, "_grams_of", lambda state, fp, where: looked_at.append(fp)
@@ -1378,8 +1409,8 @@ SEAL_KEY = "test-seal"
 def sealed():
     import builtins
 
-    def make(*ex_ids):
-        return guard.seal(SEAL_KEY, ex_ids)
+    def make(*ex_ids):  # with the grader's references, as its first cell sends them
+        return guard.seal(SEAL_KEY, ex_ids, guard.reference_plan()["text"])
 
     yield make
     vars(builtins).pop(guard._SEAL_NAME.format(SEAL_KEY), None)

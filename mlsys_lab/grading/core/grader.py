@@ -68,7 +68,7 @@ from mlsys_lab.grading.core.exercise import (
     fmt_points,
     get_exercise,
 )
-from mlsys_lab.grading.core.guard import plan_for
+from mlsys_lab.grading.core.guard import plan_for, reference_plan
 from mlsys_lab.grading.core.judge import judge_exercise
 from mlsys_lab.grading.core.probe import MIME, seal_cell
 from mlsys_lab.grading.core.wire import MAX_BYTES
@@ -363,7 +363,8 @@ class _Run:
         client.start_new_kernel_client()
         # Before any student cell: record what the checks rely on (guard.seal, issue 27).
         self.seal_key = secrets.token_hex(16)
-        first = _Step("seal", 0, seal_cell(self.seal_key, list(self.prepared)))
+        first = _Step("seal", 0, seal_cell(self.seal_key, list(self.prepared),
+                                           reference_plan()["text"] if self.prepared else None))
         self.execute(first, capture=False)
         if first.status != "ok":
             self.notes.append(f"the grader's first cell failed ({first.status}: {first.error})")

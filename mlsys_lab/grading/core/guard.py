@@ -94,6 +94,7 @@ import glob
 import hashlib
 import importlib
 import inspect
+import json
 import operator
 import os
 import sys
@@ -108,7 +109,8 @@ import numpy as np
 from mlsys_lab.grading.core import native_hook
 from mlsys_lab.grading.core.wire import OffLimitsError
 
-__all__ = ["Guard", "OffLimitsError", "fingerprint", "plan_for", "unguarded"]
+__all__ = ["Guard", "OffLimitsError", "fingerprint", "plan_entries", "plan_for",
+           "reference_plan", "unguarded"]
 
 #: Functions with at least this many instructions (normalised, see ``fingerprint``) are also
 #: matched by fingerprint, as a pasted copy; smaller ones (``return x * x``, a one-line numpy
@@ -752,20 +754,59 @@ def _make_plan(exercise) -> dict:
         code, builtin = code + c, builtin + b
     probes = [case.probe for case in exercise.cases if case.probe is not None]
     used = _reachable(probes)
-    used_fps = set()
-    for ref in _reference_codes():
-        if _where(ref) in used:
-            used_fps.add(fingerprint(ref))
-            continue
-        where = f"{_grading_module(ref.co_filename)}.{_qualname(ref)}"
-        label = f"`{where}` (the grader's own reference)"
-        code.append(_entry(ref, label))
-    for entry in code:  # a probe helper with the same bytecode must not be refused
-        if entry["fp"] in used_fps:
+    references = reference_plan()
+    # The grader's references the probes call are not forbidden ("excused"), and no code is
+    # refused for being like theirs ("plain": a probe helper with the same bytecode).
+    excused = [e for e in references["entries"] if (e["file"], e["line"], e["qualname"]) in used]
+    plain = sorted({e["fp"] for e in excused})
+    for entry in code:
+        if entry["fp"] in plain:
             entry["distinctive"] = False
     allowed = getattr(exercise, "allowed", None)
     return {"task": task_of(exercise), "code": code, "builtins": builtin,
+            "references": {"digest": references["digest"], "plain": plain,
+                           "excused": sorted({(e["file"], e["line"], e["qualname"])
+                                              for e in excused})},
             "allowed": list(allowed) if allowed is not None else None}
+
+
+def plan_entries(plan: dict) -> list[dict]:
+    """Every forbidden-code entry of ``plan`` written out (what ``Guard`` indexes): its own,
+    then the grader's references it names by digest, less those its probes call (``excused``)
+    and with no fingerprint match where they are like those (``plain``).
+
+    Raises:
+        ValueError: the plan names references other than this process's ``reference_plan()``.
+    """
+    shared = plan.get("references")
+    if shared is None:
+        return list(plan["code"])
+    references = reference_plan()
+    if references["digest"] != shared["digest"]:
+        raise ValueError("the plan names other reference answers than this process has")
+    excused, plain = set(map(tuple, shared["excused"])), set(shared["plain"])
+    return list(plan["code"]) + [
+        {**e, "distinctive": e["distinctive"] and e["fp"] not in plain}
+        for e in references["entries"] if (e["file"], e["line"], e["qualname"]) not in excused]
+
+
+_REFERENCE_PLAN: dict[str, Any] = {}
+
+
+def reference_plan() -> dict:
+    """The grader's own reference answers as forbidden entries, the part of every exercise's
+    plan they all share: ``{"entries", "text" (their JSON), "digest" (its SHA-256)}``. The
+    grader sends it once per kernel (``seal(..., references=text)``); a plan names it by
+    digest."""
+    codes = _reference_codes()
+    key = tuple(map(id, codes))
+    if _REFERENCE_PLAN.get("key") != key:
+        entries = [_entry(ref, f"`{_grading_module(ref.co_filename)}.{_qualname(ref)}` "
+                               "(the grader's own reference)") for ref in codes]
+        text = json.dumps(entries, ensure_ascii=True, allow_nan=False)
+        _REFERENCE_PLAN.update(key=key, codes=codes, entries=entries, text=text,
+                               digest=hashlib.sha256(text.encode()).hexdigest())
+    return {k: _REFERENCE_PLAN[k] for k in ("entries", "text", "digest")}
 
 
 # ----------------------------------------------------------------------------- the seal
@@ -997,7 +1038,8 @@ def _channel_objects() -> list[tuple[str, Any]]:
             if o is not None]
 
 
-def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
+def seal(key: str | None = None, exercise_ids: Iterable[str] = (),
+         references: str | None = None) -> dict:
     """Record, before any student cell runs, what the grader's checks rely on in this kernel.
 
     The grader runs this first in every kernel it starts. It imports the exercises' chapter
@@ -1009,7 +1051,8 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
     JSON decoder (the plan's way in), the JSON encoder and the display publisher. The
     forbidden functions are not imported nor fingerprinted here: a probe compiles what it needs
     of them from their files, once per kernel. ``key`` (the grader's secret) names where it is
-    kept for the hidden cells.
+    kept for the hidden cells. ``references``: the JSON text of ``reference_plan()``, which every
+    plan names by digest (without it, the first guard computes it in the kernel).
     """
     from mlsys_lab.grading.core.exercise import get_exercise
     for ex_id in exercise_ids:
@@ -1070,6 +1113,10 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = ()) -> dict:
         "late": [],  # the records of sealed modules first imported since (``_seal_late``)
         "late_done": set(sys.modules),  # every module seen: recorded or not sealed
         "sys_modules": sys.modules,  # the import system's table (``sys.modules`` can be rebound)
+        # the grader's references (``reference_plan``), decoded now, indexed by the first guard
+        "references": None if references is None else {
+            "digest": hashlib.sha256(references.encode()).hexdigest(),
+            "entries": json.decoder.JSONDecoder().decode(references), "tables": None},
     }
     state["late_watch"] = _late_watch(state["frozen"]["gather"])
     if key is not None:
@@ -1690,6 +1737,84 @@ def _c_module(builtin: Any) -> str | None:
     return None
 
 
+_TABLES = ("by_where", "by_synthetic", "by_fp", "gram_counts", "sketches", "by_clone",
+           "where_of_fp")
+
+
+def _tables(entries: Iterable[dict]) -> dict[str, dict]:
+    """A plan's forbidden-code entries indexed as the guard looks them up (``_TABLES``)."""
+    by_where, by_synthetic, by_fp, gram_counts, sketches, by_clone, where_of_fp = tables = tuple(
+        {} for _ in _TABLES)
+    for e in entries:
+        fp, label = e["fp"], e["label"]
+        where = where_of_fp[fp] = (e["file"], e["line"], e["qualname"])
+        if _synthetic(e["file"]):
+            by_synthetic.setdefault(where, {})[fp] = label
+        else:
+            by_where[where] = label
+        if e["distinctive"]:
+            by_fp.setdefault(fp, label)
+            gram_counts[fp] = e.get("grams")
+            if e.get("sketch") is not None:
+                sketches[fp] = e["sketch"]
+        if e["size"] >= CLONE:
+            by_clone.setdefault(fp, []).append(e)
+    return dict(zip(_TABLES, tables))
+
+
+def _reference_tables(state: dict, digest: str) -> dict[str, Any]:
+    """The tables of the grader's references (``reference_plan``) the seal holds, indexed once
+    per kernel; where the seal has none under ``digest`` (``check()`` without the grader), those
+    of the references this process computes."""
+    refs = state.get("references")
+    if refs is None or refs["digest"] != digest:
+        local = reference_plan()
+        refs = state["references"] = {"digest": local["digest"], "entries": local["entries"],
+                                      "tables": None}
+    if refs["tables"] is None:
+        tables: dict[str, Any] = _tables(refs["entries"])
+        fps_at: dict[tuple, list[str]] = {}
+        for e in refs["entries"]:
+            fps_at.setdefault((e["file"], e["line"], e["qualname"]), []).append(e["fp"])
+        counts = tables["gram_counts"]
+        tables.update(fps_at=fps_at, files=frozenset(e["file"] for e in refs["entries"]),
+                      counted=sorted((c, fp) for fp, c in counts.items() if c is not None),
+                      uncounted=[fp for fp, c in counts.items() if c is None])
+        refs["tables"] = tables
+    return refs["tables"]
+
+
+def _with_references(own: dict, shared: dict, excused: set[tuple], plain: set[str]) -> dict:
+    """An exercise's tables ``own`` over the references' ``shared`` (left as they are), less
+    the references its probes call (``excused``, by where) and the fingerprint matches of code
+    like theirs (``plain``): the tables of all the entries indexed together, own first."""
+    by_where, by_synthetic, by_clone = (dict(shared[k]) for k in (
+        "by_where", "by_synthetic", "by_clone"))
+    for where in excused:
+        by_where.pop(where, None)
+        by_synthetic.pop(where, None)
+        for fp in shared["fps_at"].get(where, ()):
+            kept = [e for e in by_clone.get(fp, ())
+                    if (e["file"], e["line"], e["qualname"]) != where]
+            if kept:
+                by_clone[fp] = kept
+            else:
+                by_clone.pop(fp, None)
+    by_where.update(own["by_where"])
+    for where, labels in own["by_synthetic"].items():
+        by_synthetic[where] = {**by_synthetic.get(where, {}), **labels}
+    for fp, entries in own["by_clone"].items():
+        by_clone[fp] = entries + by_clone.get(fp, [])
+    out = {"by_where": by_where, "by_synthetic": by_synthetic, "by_clone": by_clone,
+           "where_of_fp": {**shared["where_of_fp"], **own["where_of_fp"]}}
+    for name in ("by_fp", "gram_counts", "sketches"):
+        table = out[name] = dict(shared[name])
+        for fp in plain:
+            table.pop(fp, None)
+        table.update(own[name])
+    return out
+
+
 _FORBIDDEN, _TAMPER, _DISPATCH, _SPAWN, _START = 1, 2, 3, 4, 5
 
 
@@ -1710,30 +1835,28 @@ class Guard:
         self.task = plan.get("task", "this")
         self._state = state if state is not None else _local_seal()
         _share_caches(self._state)
-        self._by_clone: dict[str, list[dict]] = {}  # fingerprint -> entries
-        self._by_where: dict[tuple, str] = {}
-        self._by_synthetic: dict[tuple, dict[str, str]] = {}  # where -> {fingerprint: label}
-        self._by_fp: dict[str, str] = {}
-        # Each big forbidden function's n-gram count; its n-grams are computed when a copy of
-        # about its size shows up (``_similar``), once per kernel.
-        self._gram_counts: dict[str, int | None] = {}
-        self._sketches: dict[str, list[int]] = {}  # and its sketch, where the plan has it
-        self._counts_sorted: tuple[list[int], list[str]] | None = None
-        self._where_of_fp: dict[str, tuple] = {}
-        for e in plan["code"]:
-            fp, label = e["fp"], e["label"]
-            where = self._where_of_fp[fp] = (e["file"], e["line"], e["qualname"])
-            if _synthetic(e["file"]):  # every dataclass's __init__ comes from ("<string>", 2, ...)
-                self._by_synthetic.setdefault(where, {})[fp] = label
-            else:
-                self._by_where[where] = label
-            if e["distinctive"]:
-                self._by_fp.setdefault(fp, label)
-                self._gram_counts[fp] = e.get("grams")
-                if e.get("sketch") is not None:
-                    self._sketches[fp] = e["sketch"]
-            if e["size"] >= CLONE:
-                self._by_clone.setdefault(fp, []).append(e)
+        # The plan's entries, indexed: where -> label, fingerprint -> label (big functions:
+        # DISTINCTIVE), fingerprint -> entries (CLONE), each big function's n-gram count and
+        # sketch (its n-grams are computed when a copy of about its size shows up, once per
+        # kernel, ``_similar``). The grader's references, which every plan shares, are indexed
+        # once per kernel (``_reference_tables``) and copied under the exercise's own entries.
+        tables = own = _tables(plan["code"])
+        shared = plan.get("references")
+        self._shared = None
+        if shared is not None:
+            self._shared = _reference_tables(self._state, shared["digest"])
+            tables = _with_references(own, self._shared, set(map(tuple, shared["excused"])),
+                                      set(shared["plain"]))
+        self._own = own
+        self._by_where: dict[tuple, str] = tables["by_where"]
+        self._by_synthetic: dict[tuple, dict[str, str]] = tables["by_synthetic"]  # every
+        # dataclass's __init__ comes from ("<string>", 2, ...): where -> {fingerprint: label}
+        self._by_fp: dict[str, str] = tables["by_fp"]
+        self._gram_counts: dict[str, int | None] = tables["gram_counts"]
+        self._sketches: dict[str, list[int]] = tables["sketches"]
+        self._by_clone: dict[str, list[dict]] = tables["by_clone"]
+        self._where_of_fp: dict[str, tuple] = tables["where_of_fp"]
+        self._counts_sorted: tuple[list[int], list[str], list[str]] | None = None
         allowed = plan.get("allowed")
         self._allowed = _allowlist(allowed) if allowed is not None else None
         self._permitted: dict[str, bool] = {}
@@ -1814,14 +1937,22 @@ class Guard:
         within a factor ``SIMILAR`` of its own (Jaccard similarity is at most the ratio of the
         two counts), found by bisection in the counts sorted once per guard."""
         if self._counts_sorted is None:
-            counted = sorted((c, fp) for fp, c in self._gram_counts.items() if c is not None)
-            self._counts_sorted = ([c for c, _ in counted], [fp for _, fp in counted])
-        counts, fps = self._counts_sorted
+            own, counts = self._own["gram_counts"], self._gram_counts
+            counted = [(c, fp) for fp, c in own.items() if c is not None]
+            uncounted = [fp for fp, c in own.items() if c is None]
+            if self._shared is not None:  # sorted once per kernel; less what this plan drops
+                counted += [(c, fp) for c, fp in self._shared["counted"]
+                            if fp in counts and fp not in own]
+                uncounted += [fp for fp in self._shared["uncounted"]
+                              if fp in counts and fp not in own]
+            counted.sort()
+            self._counts_sorted = ([c for c, _ in counted], [fp for _, fp in counted], uncounted)
+        counts, fps, uncounted = self._counts_sorted
         n = len(shingles(code))
         lo = bisect.bisect_left(counts, SIMILAR * n * (1 - 1e-9))
         hi = bisect.bisect_right(counts, n / SIMILAR * (1 + 1e-9))
         candidates = {fp: self._gram_counts[fp] for fp in fps[lo:hi]}
-        candidates.update((fp, c) for fp, c in self._gram_counts.items() if c is None)
+        candidates.update((fp, None) for fp in uncounted)
         return candidates
 
     def _clone_of(self, code: types.CodeType, fp: str, qualname: str) -> str | None:
@@ -2111,9 +2242,10 @@ class Guard:
     def _dispatcher_label_of(self, dispatcher) -> tuple[str, str] | None:
         codes, names, files = _dispatcher_sources(self._state, dispatcher)
         if files is not None:  # none of it the student's: only a forbidden function's file
-            if self._forbidden_files is None:
-                self._forbidden_files = frozenset(
-                    where[0] for table in (self._by_where, self._by_synthetic) for where in table)
+            if self._forbidden_files is None:  # (the references' files: all of them)
+                self._forbidden_files = frozenset(where[0] for table in (
+                    self._own["by_where"], self._own["by_synthetic"]) for where in table
+                ).union(self._shared["files"] if self._shared is not None else ())
             if files.isdisjoint(self._forbidden_files):
                 return None
         for code in codes:

@@ -106,12 +106,14 @@ def _tamper_message(changed: list[str]) -> str:
             f"the check cannot trust this result")
 
 
-def seal_cell(key: str, exercise_ids: Sequence[str]) -> str:
-    """The source of the grader's first cell in a kernel: ``guard.seal(key, exercise_ids)``, run
-    before any student cell (from the kernel's own, still untouched, grading modules)."""
+def seal_cell(key: str, exercise_ids: Sequence[str], references: str | None = None) -> str:
+    """The source of the grader's first cell in a kernel: ``guard.seal(key, exercise_ids,
+    references)``, run before any student cell (from the kernel's own, still untouched, grading
+    modules). ``references``: the JSON text of ``guard.reference_plan()``, which every plan the
+    hidden cells carry names by digest."""
     return ("def __mlsys_lab_seal():\n"
             "    import mlsys_lab.grading.core.guard as guard\n"
-            f"    guard.seal({key!r}, {list(map(str, exercise_ids))!r})\n\n\n"
+            f"    guard.seal({key!r}, {list(map(str, exercise_ids))!r}, {references!r})\n\n\n"
             "try:\n    __mlsys_lab_seal()\nfinally:\n    del __mlsys_lab_seal\n")
 
 
