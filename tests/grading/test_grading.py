@@ -328,6 +328,19 @@ def test_solution_notebook_scores_full_marks(no_leftover_processes):
     assert elapsed < 120
 
 
+def test_plans_made_aside_are_those_made_here_and_a_failed_helper_is_replaced(monkeypatch):
+    """``mlsys-lab grade`` has another process make the guard plans while the kernel starts:
+    the same plans and references as made in the grader's process; when that process fails,
+    they are made here."""
+    exercises = [get_exercise(ex_id) for ex_id in ("0.1", "0.2", "0.3")]
+    here = grader._Preparation(exercises)
+    aside = grader._Preparation(exercises, aside=True)
+    assert aside.result() == here.result() and aside.references == here.references
+    monkeypatch.setattr(grader, "_PLANS_ASIDE", "raise SystemExit(3)")
+    broken = grader._Preparation(exercises, aside=True)
+    assert broken.result() == here.result() and broken.references == here.references
+
+
 def test_exercise_notebook_scores_zero_and_runs_to_the_end(no_leftover_processes):
     report = grade(EXERCISES / "ch00_demo.ipynb", cell_timeout=30, timeout=120)
     assert (report.total, report.max) == (0, FULL), report.to_table()

@@ -344,6 +344,20 @@ def test_the_shared_references_are_indexed_as_the_whole_plan_would_be():
     assert any(qualname == "_big_n" for _, _, qualname in excused)
 
 
+def test_the_seal_keeps_the_references_the_grader_sends(sealed, monkeypatch):
+    """The grader's second cell gives the seal the references' JSON (``seal_references``): the
+    guards of every check index them from there, once, and never make them in the kernel."""
+    plan = guard.plan_for(get_exercise("4.1"))
+    text = guard.reference_plan()["text"]
+    state = sealed("4.1")
+    state["references"] = None
+    guard.seal_references(SEAL_KEY, text)
+    monkeypatch.setattr(guard, "reference_plan", lambda: pytest.fail("made in the kernel"))
+    first, second = guard.Guard(plan, state), guard.Guard(plan, state)
+    assert first._shared is second._shared is state["references"]["tables"]
+    assert len(first._by_where) > 1000  # the references are forbidden
+
+
 def test_an_unguardable_spec_is_rejected_with_advice():
     bad = Exercise("97.9", "x", (Case("c", 1, probe=abs, judge=abs),), "f",
                    forbidden=("numpy:matmul",))

@@ -48,6 +48,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -70,7 +71,7 @@ from mlsys_lab.grading.core.exercise import (
 )
 from mlsys_lab.grading.core.guard import plan_for, reference_plan
 from mlsys_lab.grading.core.judge import judge_exercise
-from mlsys_lab.grading.core.probe import MIME, seal_cell
+from mlsys_lab.grading.core.probe import MIME, references_cell, seal_cell
 from mlsys_lab.grading.core.wire import MAX_BYTES
 from mlsys_lab.grading.exercises import package_of
 
@@ -308,9 +309,9 @@ class _Run:
     """One grading run: the steps, the current kernel, the clock."""
 
     def __init__(self, nb, folder: Path, cell_timeout, timeout, max_output, max_restarts, kernel,
-                 prepared: dict[str, tuple[dict, str]], env: dict[str, str] | None = None):
+                 preparation: _Preparation, env: dict[str, str] | None = None):
         self.nb = nb
-        self.prepared = prepared  # exercise id -> (bundle, plan as JSON), made before the kernel
+        self.preparation = preparation  # the hidden cells' bundles and plans, made meanwhile
         self.folder = folder
         self.cell_timeout = float(cell_timeout)
         self.deadline = time.monotonic() + float(timeout)
@@ -325,6 +326,11 @@ class _Run:
         self.wall_clock_hit = False
 
     # -- kernel lifecycle ---------------------------------------------------------------
+
+    @property
+    def prepared(self) -> dict[str, tuple[dict, str]]:
+        """Exercise id -> (bundle, plan as JSON) of every exercise that could be prepared."""
+        return self.preparation.result()
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -363,11 +369,16 @@ class _Run:
         client.start_new_kernel_client()
         # Before any student cell: record what the checks rely on (guard.seal, issue 27).
         self.seal_key = secrets.token_hex(16)
-        first = _Step("seal", 0, seal_cell(self.seal_key, list(self.prepared),
-                                           reference_plan()["text"] if self.prepared else None))
+        first = _Step("seal", 0, seal_cell(self.seal_key, self.preparation.ids))
         self.execute(first, capture=False)
         if first.status != "ok":
             self.notes.append(f"the grader's first cell failed ({first.status}: {first.error})")
+        elif self.prepared:  # made while the kernel started and sealed
+            second = _Step("seal", 0, references_cell(self.seal_key, self.preparation.references))
+            self.execute(second, capture=False)
+            if second.status != "ok":
+                self.notes.append(f"the grader's second cell failed ({second.status}: "
+                                  f"{second.error})")
 
     def stop_kernel(self) -> None:
         client, pgid = self.client, self.pgid
@@ -621,10 +632,87 @@ def modules_of(chapter: int, also: tuple[str, ...] = ()) -> list[str]:
     return sorted(seen)
 
 
-def _prepare(exercise: Exercise) -> tuple[dict, str]:
-    """What the hidden cell needs: the grading modules' source, and the guard plan (JSON)."""
+def _prepare(exercise: Exercise, plan: str | None = None) -> tuple[dict, str]:
+    """What the hidden cell needs: the grading modules' source, and the guard plan (JSON; made
+    here unless given)."""
     bundle = {name: _source_of(name) for name in modules_of(chapter_of(exercise.id))}
-    return bundle, json.dumps(plan_for(exercise), ensure_ascii=True, allow_nan=False)
+    return bundle, plan if isinstance(plan, str) else json.dumps(
+        plan_for(exercise), ensure_ascii=True, allow_nan=False)
+
+
+class _Preparation:
+    """What the hidden cells and the seal need: ``_prepare`` of each exercise, and the JSON of
+    ``reference_plan``. Made here at once, or (``aside``) by another process while the kernel
+    starts and is sealed: a fresh process spends 1-2 s importing the forbidden functions'
+    modules and fingerprinting the grader's ~1,300 references, about as long as a kernel takes
+    to start. (A thread of this process would hold up the kernel's start as long: the client
+    waiting for it needs the GIL at every step.)"""
+
+    def __init__(self, exercises: list[Exercise], aside: bool = False):
+        self._exercises = list(exercises)
+        self.ids = [exercise.id for exercise in self._exercises]
+        self._prepared: dict[str, tuple[dict, str]] | None = None
+        self.failed: dict[str, tuple[str, str]] = {}  # exercise id -> (why, the error)
+        self.references: str | None = None  # what the seal gets: None when nothing is graded
+        self._child: subprocess.Popen | None = None
+        if aside and self.ids:
+            try:
+                self._child = subprocess.Popen(
+                    [sys.executable, "-c", _PLANS_ASIDE, *self.ids], stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [
+                        str(_PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")] if p)})
+            except OSError:  # no process to spare: made here when asked for
+                self._child = None
+        else:
+            self.result()
+
+    def result(self) -> dict[str, tuple[dict, str]]:
+        """Exercise id -> (bundle, plan as JSON), for every exercise that could be prepared
+        (waits for the other process; made here if it failed)."""
+        if self._prepared is None:
+            made = self._from_child() if self._child is not None else None
+            self._prepared = {}
+            for exercise in self._exercises:
+                try:
+                    plan = made["plans"].get(exercise.id) if made else None
+                    self._prepared[exercise.id] = _prepare(exercise, plan)
+                except Exception as error:  # a broken check module or forbidden spec: the
+                    self.failed[exercise.id] = (  # teacher's bug, reported in the notes
+                        f"the checks of {exercise.id} could not be prepared: "
+                        f"{type(error).__name__}", str(error))
+            if self._prepared:
+                references = made and made.get("references")
+                self.references = references or reference_plan()["text"]
+        return self._prepared
+
+    def _from_child(self) -> dict | None:
+        """What the other process made: {"plans": {id: JSON}, "references": JSON}, or None."""
+        child, self._child = self._child, None
+        try:
+            out, _ = child.communicate(timeout=120)
+            made = json.loads(out)
+            return made if child.returncode == 0 and isinstance(made, dict) else None
+        except (subprocess.TimeoutExpired, ValueError):
+            child.kill()
+            child.wait()
+            return None
+
+
+#: The other process's work (``_Preparation``): the plans it can make, and the references.
+_PLANS_ASIDE = """\
+import json, sys
+from mlsys_lab.grading.core.exercise import get_exercise
+from mlsys_lab.grading.core.guard import plan_for, reference_plan
+plans = {}
+for ex_id in sys.argv[1:]:
+    try:
+        plans[ex_id] = json.dumps(plan_for(get_exercise(ex_id)), ensure_ascii=True,
+                                  allow_nan=False)
+    except Exception:  # made again in the grader, which reports why it fails
+        pass
+print(json.dumps({"plans": plans, "references": reference_plan()["text"]}))
+"""
 
 
 # ----------------------------------------------------------------------------- grading
@@ -641,6 +729,7 @@ def grade(
     chapters: list[int] | None = None,
     env: dict[str, str] | None = None,
     progress: Any = None,
+    prepare_aside: bool = False,
 ) -> GradeReport:
     """Run a notebook in a fresh kernel and grade every exercise of its chapter(s).
 
@@ -659,6 +748,9 @@ def grade(
         progress: called with one short line of text as grading goes (the kernel starts, a
             cell runs, an exercise is checked, the answers are judged), e.g. to show that a
             long run is working; an exception it raises is ignored.
+        prepare_aside: make the guard plans in another process while the kernel starts (about
+            1 s sooner for a one-shot ``mlsys-lab grade``, on two cores or more); by default
+            they are made here, where a process grading many notebooks keeps them.
 
     Returns:
         A ``GradeReport``. Grading never raises for anything the notebook does.
@@ -676,22 +768,16 @@ def grade(
         return report
 
     expected = _expected_exercises(nb, path, _mentioned(nb), report.notes, chapters)
-    prepared, outcome = {}, {}  # outcome: exercise id -> why it has no result (when it has none)
-    for exercise in expected:
-        try:
-            prepared[exercise.id] = _prepare(exercise)
-        except Exception as error:  # a broken check module or forbidden spec: the teacher's bug
-            why = f"the checks of {exercise.id} could not be prepared: {type(error).__name__}"
-            report.notes.append(f"{why}: {error}")
-            outcome[exercise.id] = why
     if not expected:  # nothing to grade: the notebook's code is not run at all
         report.elapsed = time.monotonic() - started
         return report
-    steps = _plan(nb, [e.id for e in expected if e.id in prepared])
+    outcome: dict[str, str] = {}  # exercise id -> why it has no result (when it has none)
+    preparation = _Preparation(expected, aside=prepare_aside)
+    steps = _plan(nb, [e.id for e in expected])
 
     run = _Run(
         nb, path.resolve().parent, cell_timeout, timeout, max_output, max_restarts, kernel_name,
-        prepared, env,
+        preparation, env,
     )
     run.progress = progress
     try:
@@ -700,6 +786,10 @@ def grade(
         run.notes.append(f"grader error: {type(error).__name__}: {error}")
     finally:
         run.stop_kernel()
+    preparation.result()
+    for ex_id, (why, error) in preparation.failed.items():
+        report.notes.append(f"{why}: {error}")
+        outcome[ex_id] = why
     report.notes.extend(run.notes)
     _tell(run, "judging the answers")
 
@@ -772,7 +862,8 @@ def _execute_all(run: _Run, steps: list[_Step], outcome: dict[str, str]) -> None
                 f"{_cell(step)}: the exercises from here on were not graded"
             )
             break
-        if step.kind == "grade" and step.exercise in outcome:  # its answer cell already failed
+        if step.kind == "grade" and (step.exercise in outcome  # its answer cell failed
+                                     or step.exercise not in run.prepared):  # or its checks
             step.status = "skipped"
             i += 1
             continue

@@ -7,7 +7,9 @@ own reference answers — every function in the chapter check modules
 (``mlsys_lab/grading/chNN.py``) that the exercise's probes do not use — are added automatically.
 ``plan_for(exercise)`` turns that into plain data (where each forbidden function's code was
 defined, and a fingerprint of its code); the grader computes it in its own process and sends it
-to the kernel, ``check()`` computes it in place.
+to the kernel, ``check()`` computes it in place. The references, the same ~1,300 entries for
+every exercise (``reference_plan()``), travel once per kernel, into the seal
+(``seal_references``); a plan names them by digest, with those its probes call.
 
 ``seal()`` runs first in every kernel the grader starts, before any student cell: it records the
 code objects the loaded modules hold (what is *not* the student's; installed code loaded later
@@ -1052,7 +1054,8 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = (),
     forbidden functions are not imported nor fingerprinted here: a probe compiles what it needs
     of them from their files, once per kernel. ``key`` (the grader's secret) names where it is
     kept for the hidden cells. ``references``: the JSON text of ``reference_plan()``, which every
-    plan names by digest (without it, the first guard computes it in the kernel).
+    plan names by digest (or given later, ``seal_references``; without it, the first guard
+    computes it in the kernel).
     """
     from mlsys_lab.grading.core.exercise import get_exercise
     for ex_id in exercise_ids:
@@ -1113,16 +1116,30 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = (),
         "late": [],  # the records of sealed modules first imported since (``_seal_late``)
         "late_done": set(sys.modules),  # every module seen: recorded or not sealed
         "sys_modules": sys.modules,  # the import system's table (``sys.modules`` can be rebound)
-        # the grader's references (``reference_plan``), decoded now, indexed by the first guard
-        "references": None if references is None else {
-            "digest": hashlib.sha256(references.encode()).hexdigest(),
-            "entries": json.decoder.JSONDecoder().decode(references), "tables": None},
+        "references": None,  # the grader's (``seal_references``), indexed by the first guard
     }
+    if references is not None:
+        _keep_references(state, references)
     state["late_watch"] = _late_watch(state["frozen"]["gather"])
     if key is not None:
         import builtins
         vars(builtins)[_SEAL_NAME.format(key)] = state
     return state
+
+
+def seal_references(key: str, references: str) -> None:
+    """Give the seal recorded under ``key`` the grader's references: ``reference_plan()``'s
+    JSON, which every plan names by digest. The grader's second cell in a kernel, still before
+    any student cell (the grader makes them while the first one runs)."""
+    state = find_seal(key)
+    if state is not None:
+        _keep_references(state, references)
+
+
+def _keep_references(state: dict, references: str) -> None:
+    state["references"] = {"digest": hashlib.sha256(references.encode()).hexdigest(),
+                           "entries": json.decoder.JSONDecoder().decode(references),
+                           "tables": None}
 
 
 def _share_caches(state: dict) -> None:

@@ -22,7 +22,7 @@ from mlsys_lab.grading.core.exercise import _lookup, _takes_seed, describe_error
 from mlsys_lab.grading.core.guard import Guard, OffLimitsError, find_seal, plan_for, tampered
 from mlsys_lab.grading.core.wire import MAX_BYTES, WireError, encode
 
-__all__ = ["MIME", "emit", "run_exercise", "seal_cell"]
+__all__ = ["MIME", "emit", "references_cell", "run_exercise", "seal_cell"]
 
 #: The display-data type that carries a payload from the kernel to the grader.
 MIME = "application/vnd.mlsys-lab.probe+json"
@@ -106,15 +106,24 @@ def _tamper_message(changed: list[str]) -> str:
             f"the check cannot trust this result")
 
 
-def seal_cell(key: str, exercise_ids: Sequence[str], references: str | None = None) -> str:
-    """The source of the grader's first cell in a kernel: ``guard.seal(key, exercise_ids,
-    references)``, run before any student cell (from the kernel's own, still untouched, grading
-    modules). ``references``: the JSON text of ``guard.reference_plan()``, which every plan the
-    hidden cells carry names by digest."""
-    return ("def __mlsys_lab_seal():\n"
+def seal_cell(key: str, exercise_ids: Sequence[str]) -> str:
+    """The source of the grader's first cell in a kernel: ``guard.seal(key, exercise_ids)``, run
+    before any student cell (from the kernel's own, still untouched, grading modules)."""
+    return _grader_cell("seal", f"guard.seal({key!r}, {list(map(str, exercise_ids))!r})")
+
+
+def references_cell(key: str, references: str) -> str:
+    """The source of the grader's second cell: ``guard.seal_references(key, references)`` (the
+    JSON text of ``guard.reference_plan()``, which every plan the hidden cells carry names by
+    digest), still before any student cell."""
+    return _grader_cell("references", f"guard.seal_references({key!r}, {references!r})")
+
+
+def _grader_cell(name: str, call: str) -> str:
+    return (f"def __mlsys_lab_{name}():\n"
             "    import mlsys_lab.grading.core.guard as guard\n"
-            f"    guard.seal({key!r}, {list(map(str, exercise_ids))!r}, {references!r})\n\n\n"
-            "try:\n    __mlsys_lab_seal()\nfinally:\n    del __mlsys_lab_seal\n")
+            f"    {call}\n\n\n"
+            f"try:\n    __mlsys_lab_{name}()\nfinally:\n    del __mlsys_lab_{name}\n")
 
 
 def emit(exercise_id: str, namespace: dict, seed: int, marker: str, plan: dict | str,

@@ -118,7 +118,7 @@ def _single(args) -> int:
               f"{args.cell_timeout:g} s; the whole notebook up to {args.timeout:g} s)",
               file=sys.stderr, flush=True)
     report = grade(path, cell_timeout=args.cell_timeout, timeout=args.timeout,
-                   progress=None if quiet else progress)
+                   progress=None if quiet else progress, prepare_aside=True)
     print(report.to_json() if args.json else report.to_table())
     if args.feedback is not None:
         from mlsys_lab.grading.course.classroom import ClassResult
