@@ -213,6 +213,30 @@ def mean(xs):
     _refused(run_cases("96.1", mean, seed=1), "select")
 
 
+def test_verdicts_kept_per_kernel_forget_the_collectors_exemption_and_a_trusted_probe():
+    """Where a code object comes from and what the allowlist says of it are kept per kernel
+    for every guard with that allowlist, but not what changes: a function of a package outside
+    it that was a ``gc.callbacks`` entry when first seen is refused once it is not; the
+    student's code that a later guard trusts (a probe) is not the student's for that guard."""
+    import gc
+
+    import fakesolver
+
+    state = guard.seal()
+    plan = guard.plan_for(CLOSED)
+    code = fakesolver.solve.__code__
+    gc.callbacks.append(fakesolver.solve)
+    try:
+        assert guard.Guard(plan, state)._classify(code)[3] is None  # the collector called it
+    finally:
+        gc.callbacks.remove(fakesolver.solve)
+    foreign = guard.Guard(plan, state)._classify(code)[3]
+    assert foreign is not None and "fakesolver.solve" in foreign[0]
+    helper = _cell("def helper(x):\n    return x\n", "helper")
+    assert guard.Guard(plan, state)._classify(helper.__code__)[4] is True
+    assert guard.Guard(plan, state, trusted=[helper])._classify(helper.__code__)[4] is False
+
+
 def test_a_collector_callback_of_another_package_is_not_the_students_call():
     """The collector runs ``gc.callbacks`` from whatever frame allocated when a collection
     began; with the student's code allocating, that frame is the student's, but the student

@@ -1876,6 +1876,9 @@ class Guard:
         self._counts_sorted: tuple[list[int], list[str], list[str]] | None = None
         allowed = plan.get("allowed")
         self._allowed = _allowlist(allowed) if allowed is not None else None
+        # id(code) -> (code, where, student, foreign): per kernel, per allowlist (``_classify``)
+        self._classified: dict[int, tuple] = self._state.setdefault("classified", {}).setdefault(
+            tuple(allowed) if allowed is not None else None, {})
         self._permitted: dict[str, bool] = {}
         self._c_verdicts: dict[tuple, tuple] = {}  # see ``_on_c_call``
         self._c_funcs: dict[str, dict[str, str]] = {}
@@ -1916,23 +1919,30 @@ class Guard:
                 for code in _codes(fn.__code__):
                     state["codes"][id(code)] = code
                     state["origins"].pop(id(code), None)
+                    for table in state.get("classified", {}).values():
+                        table.pop(id(code), None)
 
     # -- matching -------------------------------------------------------------------------
 
-    def _label(self, code: types.CodeType) -> tuple[str, str] | None:
+    def _label(self, code: types.CodeType, where: tuple | None = None,
+               student: bool | None = None) -> tuple[str, str] | None:
         """(label, note) when ``code`` is forbidden: its origin matches, or it is a copy.
 
         Code the seal does not know is the student's, whatever file name it claims: it is
         refused when its instruction stream is a forbidden function's under the same name (a
         clone made with ``code.replace``), or when it is similar to a big one (a pasted copy).
+        ``where`` and ``student``: ``_where(code)`` and ``_is_student``, where known.
         """
-        where = _where(code)
+        if where is None:
+            where = _where(code)
         label = self._by_where.get(where)
         if label is None and where in self._by_synthetic:
             label = self._by_synthetic[where].get(fingerprint(code))
         if label is not None:
             return label, ""
-        if not (self._by_fp or self._by_clone) or not _is_student(self._state, code):
+        if not (self._by_fp or self._by_clone):
+            return None
+        if not (student if student is not None else _is_student(self._state, code)):
             return None
         if len(code.co_code) < 2 * CLONE:  # every instruction is at least 2 bytes
             return None
@@ -2001,18 +2011,30 @@ class Guard:
         whether it is the student's code (the allowlist applies to its calls; the student's
         own code is permitted whatever file it claims).
         """
-        label = self._label(code)
-        foreign, student = None, False
-        if self._allowed is not None:
-            student = _is_student(self._state, code)
-            if student:
-                self._students[id(code)] = code  # the hook checks the C functions it calls
-                if self._tables is not None:
-                    self._tables.student.add(id(code))
-            elif code.co_name not in ("<module>", "__del__") and not _gc_callback(code):
-                module = _origin(self._state, code)[0]  # cached per kernel
+        # Where it comes from, whether it is the student's and what the allowlist says of it
+        # are the same for every guard with this allowlist: kept per kernel (``_classified``).
+        known = self._classified.get(id(code))
+        if known is not None and known[0] is code:
+            where, student, foreign = known[1:]
+        else:
+            where, student, foreign = _where(code), _is_student(self._state, code), None
+            module = None
+            if self._allowed is not None and not student and code.co_name not in (
+                    "<module>", "__del__"):
+                module = _origin(self._state, code)[0]
                 if module is not None:
                     foreign = self._foreign_label(module, _qualname(code))
+            if student or module is not None or self._allowed is None:  # else asked again:
+                self._classified[id(code)] = (code, where, student, foreign)  # its module may
+        if foreign is not None and _gc_callback(code):  # come later; and the callbacks change
+            foreign = None
+        label = self._label(code, where, student)
+        if self._allowed is None:
+            student = False  # (the allowlist's view of it: no allowlist, nothing to check)
+        elif student:
+            self._students[id(code)] = code  # the hook checks the C functions it calls
+            if self._tables is not None:
+                self._tables.student.add(id(code))
         if label is not None:
             entry = (code, _FORBIDDEN, label, foreign, student)
         elif id(code) in self._watched_py:
