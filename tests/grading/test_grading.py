@@ -341,6 +341,24 @@ def test_plans_made_aside_are_those_made_here_and_a_failed_helper_is_replaced(mo
     assert broken.result() == here.result() and broken.references == here.references
 
 
+def test_an_exercise_whose_checks_cannot_be_prepared_scores_zero_and_says_why(
+        monkeypatch, no_leftover_processes):
+    """A broken check module or forbidden spec (the teacher's bug) costs that exercise only:
+    its check is skipped, the report says why, and the others are graded as usual."""
+    real = grader.plan_for
+
+    def plan_for(exercise):
+        if exercise.id == "0.2":
+            raise RuntimeError("a broken spec")
+        return real(exercise)
+
+    monkeypatch.setattr(grader, "plan_for", plan_for)
+    report = grade(DEMO, cell_timeout=30, timeout=120)
+    assert _points(report) == {"0.1": 3, "0.2": 0, "0.3": 4}, report.to_table()
+    assert report.rows[1].feedback == "the checks of 0.2 could not be prepared: RuntimeError"
+    assert report.notes == ["the checks of 0.2 could not be prepared: RuntimeError: a broken spec"]
+
+
 def test_exercise_notebook_scores_zero_and_runs_to_the_end(no_leftover_processes):
     report = grade(EXERCISES / "ch00_demo.ipynb", cell_timeout=30, timeout=120)
     assert (report.total, report.max) == (0, FULL), report.to_table()

@@ -358,6 +358,32 @@ def test_the_seal_keeps_the_references_the_grader_sends(sealed, monkeypatch):
     assert len(first._by_where) > 1000  # the references are forbidden
 
 
+def test_9_1s_probe_leaves_no_suspended_input_for_the_collector():
+    """An answer that stops reading 9.1's input early and keeps it in a cycle must not leave
+    the probe's generator suspended: the collector would close it inside a later exercise's
+    check, where its code is a forbidden reference (9.2's reference answer once lost 2 points
+    so in the suite)."""
+    import gc
+
+    def keeps_it(fn, items, m):
+        box = {"items": items}
+        box["self"] = box  # only the collector frees it
+        for x in items:
+            yield fn(x)
+            return
+
+    probe = next(c.probe for c in get_exercise("9.1").cases
+                 if c.probe.__name__ == "_pm_streaming_probe")
+    gc.disable()
+    try:
+        probe(keeps_it, 1)
+        left = [o for o in gc.get_objects() if isinstance(o, types.GeneratorType)
+                and o.gi_code.co_name == "source" and o.gi_frame is not None]
+    finally:
+        gc.enable()
+    assert left == []
+
+
 def test_an_unguardable_spec_is_rejected_with_advice():
     bad = Exercise("97.9", "x", (Case("c", 1, probe=abs, judge=abs),), "f",
                    forbidden=("numpy:matmul",))

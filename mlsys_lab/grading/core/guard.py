@@ -2024,9 +2024,9 @@ class Guard:
                 module = _origin(self._state, code)[0]
                 if module is not None:
                     foreign = self._foreign_label(module, _qualname(code))
-            if student or module is not None or self._allowed is None:  # else asked again:
-                self._classified[id(code)] = (code, where, student, foreign)  # its module may
-        if foreign is not None and _gc_callback(code):  # come later; and the callbacks change
+            if student or module is not None or self._allowed is None:  # (else its module
+                self._classified[id(code)] = (code, where, student, foreign)  # may come later)
+        if foreign is not None and _gc_callback(code):  # asked each time: the callbacks change
             foreign = None
         label = self._label(code, where, student)
         if self._allowed is None:
