@@ -78,9 +78,9 @@ def _child(notebook: str, rounds: int) -> dict:
     sent = json.loads(subprocess.run(
         [sys.executable, "-c", "import json, sys\n"
          "from mlsys_lab.grading.core.exercise import get_exercise\n"
-         "from mlsys_lab.grading.core.guard import plan_for, reference_plan\n"
-         "print(json.dumps({'plans': {i: json.dumps(plan_for(get_exercise(i))) for i in "
-         "sys.argv[1:]}, 'references': reference_plan()['text']}))", *ids],
+         "from mlsys_lab.grading.core.guard import plan_text, reference_plan\n"
+         "print(json.dumps({'plans': {i: plan_text(get_exercise(i)) for i in sys.argv[1:]},"
+         " 'references': reference_plan()['text']}))", *ids],
         capture_output=True, text=True, check=True).stdout)
     gc.collect()
     start = time.perf_counter()

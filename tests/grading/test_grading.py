@@ -345,14 +345,14 @@ def test_an_exercise_whose_checks_cannot_be_prepared_scores_zero_and_says_why(
         monkeypatch, no_leftover_processes):
     """A broken check module or forbidden spec (the teacher's bug) costs that exercise only:
     its check is skipped, the report says why, and the others are graded as usual."""
-    real = grader.plan_for
+    real = grader.plan_text
 
-    def plan_for(exercise):
+    def plan_text(exercise):
         if exercise.id == "0.2":
             raise RuntimeError("a broken spec")
         return real(exercise)
 
-    monkeypatch.setattr(grader, "plan_for", plan_for)
+    monkeypatch.setattr(grader, "plan_text", plan_text)
     report = grade(DEMO, cell_timeout=30, timeout=120)
     assert _points(report) == {"0.1": 3, "0.2": 0, "0.3": 4}, report.to_table()
     assert report.rows[1].feedback == "the checks of 0.2 could not be prepared: RuntimeError"

@@ -69,7 +69,7 @@ from mlsys_lab.grading.core.exercise import (
     fmt_points,
     get_exercise,
 )
-from mlsys_lab.grading.core.guard import plan_for, reference_plan
+from mlsys_lab.grading.core.guard import plan_text, reference_plan
 from mlsys_lab.grading.core.judge import judge_exercise
 from mlsys_lab.grading.core.probe import MIME, references_cell, seal_cell
 from mlsys_lab.grading.core.wire import MAX_BYTES
@@ -636,8 +636,7 @@ def _prepare(exercise: Exercise, plan: str | None = None) -> tuple[dict, str]:
     """What the hidden cell needs: the grading modules' source, and the guard plan (JSON; made
     here unless given)."""
     bundle = {name: _source_of(name) for name in modules_of(chapter_of(exercise.id))}
-    return bundle, plan if isinstance(plan, str) else json.dumps(
-        plan_for(exercise), ensure_ascii=True, allow_nan=False)
+    return bundle, plan if isinstance(plan, str) else plan_text(exercise)
 
 
 class _Preparation:
@@ -703,12 +702,11 @@ class _Preparation:
 _PLANS_ASIDE = """\
 import json, sys
 from mlsys_lab.grading.core.exercise import get_exercise
-from mlsys_lab.grading.core.guard import plan_for, reference_plan
+from mlsys_lab.grading.core.guard import plan_text, reference_plan
 plans = {}
 for ex_id in sys.argv[1:]:
     try:
-        plans[ex_id] = json.dumps(plan_for(get_exercise(ex_id)), ensure_ascii=True,
-                                  allow_nan=False)
+        plans[ex_id] = plan_text(get_exercise(ex_id))
     except Exception:  # made again in the grader, which reports why it fails
         pass
 print(json.dumps({"plans": plans, "references": reference_plan()["text"]}))

@@ -111,7 +111,7 @@ import numpy as np
 from mlsys_lab.grading.core import native_hook
 from mlsys_lab.grading.core.wire import OffLimitsError
 
-__all__ = ["Guard", "OffLimitsError", "fingerprint", "plan_entries", "plan_for",
+__all__ = ["Guard", "OffLimitsError", "fingerprint", "plan_entries", "plan_for", "plan_text",
            "reference_plan", "unguarded"]
 
 #: Functions with at least this many instructions (normalised, see ``fingerprint``) are also
@@ -565,6 +565,11 @@ def _entry(code: types.CodeType, label: str) -> dict:
     return entry
 
 
+def _entry_where(entry: dict) -> tuple[str, int, str]:
+    """Where an entry's forbidden function was defined, as ``_where`` gives it."""
+    return entry["file"], entry["line"], entry["qualname"]
+
+
 # ----------------------------------------------------------------------------- the plan
 
 
@@ -759,7 +764,7 @@ def _make_plan(exercise) -> dict:
     references = reference_plan()
     # The grader's references the probes call are not forbidden ("excused"), and no code is
     # refused for being like theirs ("plain": a probe helper with the same bytecode).
-    excused = [e for e in references["entries"] if (e["file"], e["line"], e["qualname"]) in used]
+    excused = [e for e in references["entries"] if _entry_where(e) in used]
     plain = sorted({e["fp"] for e in excused})
     for entry in code:
         if entry["fp"] in plain:
@@ -767,9 +772,13 @@ def _make_plan(exercise) -> dict:
     allowed = getattr(exercise, "allowed", None)
     return {"task": task_of(exercise), "code": code, "builtins": builtin,
             "references": {"digest": references["digest"], "plain": plain,
-                           "excused": sorted({(e["file"], e["line"], e["qualname"])
-                                              for e in excused})},
+                           "excused": sorted({_entry_where(e) for e in excused})},
             "allowed": list(allowed) if allowed is not None else None}
+
+
+def plan_text(exercise) -> str:
+    """``plan_for(exercise)`` as the JSON text the grader sends to the kernel."""
+    return json.dumps(plan_for(exercise), ensure_ascii=True, allow_nan=False)
 
 
 def plan_entries(plan: dict) -> list[dict]:
@@ -789,7 +798,7 @@ def plan_entries(plan: dict) -> list[dict]:
     excused, plain = set(map(tuple, shared["excused"])), set(shared["plain"])
     return list(plan["code"]) + [
         {**e, "distinctive": e["distinctive"] and e["fp"] not in plain}
-        for e in references["entries"] if (e["file"], e["line"], e["qualname"]) not in excused]
+        for e in references["entries"] if _entry_where(e) not in excused]
 
 
 _REFERENCE_PLAN: dict[str, Any] = {}
@@ -1764,7 +1773,7 @@ def _tables(entries: Iterable[dict]) -> dict[str, dict]:
         {} for _ in _TABLES)
     for e in entries:
         fp, label = e["fp"], e["label"]
-        where = where_of_fp[fp] = (e["file"], e["line"], e["qualname"])
+        where = where_of_fp[fp] = _entry_where(e)
         if _synthetic(e["file"]):
             by_synthetic.setdefault(where, {})[fp] = label
         else:
@@ -1792,7 +1801,7 @@ def _reference_tables(state: dict, digest: str) -> dict[str, Any]:
         tables: dict[str, Any] = _tables(refs["entries"])
         fps_at: dict[tuple, list[str]] = {}
         for e in refs["entries"]:
-            fps_at.setdefault((e["file"], e["line"], e["qualname"]), []).append(e["fp"])
+            fps_at.setdefault(_entry_where(e), []).append(e["fp"])
         counts = tables["gram_counts"]
         tables.update(fps_at=fps_at, files=frozenset(e["file"] for e in refs["entries"]),
                       counted=sorted((c, fp) for fp, c in counts.items() if c is not None),
@@ -1812,7 +1821,7 @@ def _with_references(own: dict, shared: dict, excused: set[tuple], plain: set[st
         by_synthetic.pop(where, None)
         for fp in shared["fps_at"].get(where, ()):
             kept = [e for e in by_clone.get(fp, ())
-                    if (e["file"], e["line"], e["qualname"]) != where]
+                    if _entry_where(e) != where]
             if kept:
                 by_clone[fp] = kept
             else:
@@ -1998,7 +2007,7 @@ class Guard:
                 return e["label"]
             if e["size"] < DISTINCTIVE and not _claims_installed(code):
                 continue  # a short function written by hand can be byte-identical (fib's loop)
-            original = _forbidden_code(self._state, (e["file"], e["line"], e["qualname"]), fp)
+            original = _forbidden_code(self._state, _entry_where(e), fp)
             if original is not None and _exact(original) == _exact(code):
                 return e["label"]
         return None
