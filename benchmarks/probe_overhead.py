@@ -122,7 +122,7 @@ def _child(notebook: str, rounds: int) -> dict:
         gc.collect()
         start = time.perf_counter()
         for e in exercises:
-            plan = state["decoder"]().decode(texts[e.id])  # as ``probe.emit`` does
+            plan = guard.decoded_plan(state, texts[e.id])  # as ``probe.emit`` does
             result = judge_exercise(
                 e, probe.run_exercise(e, answers[e.id], seed, plan, state), seed)
             if result.score != result.max:

@@ -198,6 +198,16 @@ def test_every_route_from_the_students_code_is_refused(route, hook_kind):
     _refused(result, "posix" if route == "c_function" else "fakesolver")
 
 
+def test_a_second_check_refuses_what_the_first_refused(hook_kind):
+    """The second check of the same answer keeps the first's verdicts (``guard._memo``): the
+    student's code is not classified again, so the native hook must still list it as the
+    student's (its C calls go to the allowlist). A memo that kept the verdicts without the
+    native tables let ``os.getpid`` through the second time."""
+    mean = _cell("import os\ndef mean(xs):\n    os.getpid()\n    return sum(xs) / len(xs)\n")
+    for _ in range(3):
+        _refused(run_cases("96.1", mean, seed=1), "posix")
+
+
 def test_a_method_of_the_same_name_on_another_class_gets_its_own_verdict(hook_kind):
     """The guard keeps its verdict on a C method per (owner's class, name): a permitted
     ``BytesIO.close`` called first must not let ``epoll.close`` (select: not in the base)

@@ -339,7 +339,7 @@ def test_the_shared_references_are_indexed_as_the_whole_plan_would_be():
                 == guard._where(guard._forbidden_code(state, whole._where_of_fp[fp], fp))
         probe_code = get_exercise(ex_id).cases[0].probe.__code__
         assert split._similar_candidates(probe_code) == whole._similar_candidates(probe_code)
-        assert split._counts_sorted == whole._counts_sorted, ex_id
+        assert split._memo["counts_sorted"] == whole._memo["counts_sorted"], ex_id
     excused = guard.plan_for(get_exercise("0.2"))["references"]["excused"]
     assert any(qualname == "_big_n" for _, _, qualname in excused)
 
@@ -357,6 +357,43 @@ def test_the_seal_keeps_the_references_the_grader_sends(sealed, monkeypatch):
     first, second = guard.Guard(plan, state), guard.Guard(plan, state)
     assert first._shared is second._shared is state["references"]["tables"]
     assert first._by_where == forbidden
+
+
+def test_a_later_guard_of_the_plan_keeps_the_verdicts_and_still_refuses(hook_kind, monkeypatch):
+    """Guards of one plan in one kernel keep what the earlier ones found (``guard._memo``): the
+    second check of an answer classifies no code again, yet a forbidden function is still
+    refused from the kept verdict (rejects a memo that kept "nothing forbidden here" for the
+    code it saw), and the verdicts are forgotten when what the guard calls a Numba
+    dispatcher's method changes. (The native tables under kept verdicts:
+    ``test_a_second_check_refuses_what_the_first_refused``.)"""
+    from mlsys_lab.grading.core import probe
+
+    state = guard.seal()
+    exercise = registry.get_exercise("97.1")
+    plan = guard.plan_for(exercise)
+    if hook_kind == "python":
+        state["native"] = None
+
+    def score(answer):
+        return judge_exercise(exercise, probe.run_exercise(exercise, [answer], 1, plan, state),
+                              1).score
+
+    assert score(honest_kahn) == 1
+    calling = SHORTCUTS["calling it"]
+    assert score(calling) == 0
+    classified = []
+    real = guard.Guard._classify
+    monkeypatch.setattr(guard.Guard, "_classify",
+                        lambda self, code: classified.append(code) or real(self, code))
+    assert score(honest_kahn) == 1
+    assert score(calling) == 0  # refused from the kept verdict on kahn
+    assert classified == [], [c.co_qualname for c in classified]
+    memo = state["memos"][id(plan)]
+    assert id(honest_kahn.__code__) in memo["seen"]
+    memo["dispatch"] = object()  # as if Numba's dispatcher classes had changed since
+    assert score(honest_kahn) == 1
+    assert honest_kahn.__code__ in classified  # classified again
+    assert score(calling) == 0
 
 
 def test_9_1s_probe_leaves_no_suspended_input_for_the_collector():

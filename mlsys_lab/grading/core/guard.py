@@ -1844,6 +1844,42 @@ def _with_references(own: dict, shared: dict, excused: set[tuple], plain: set[st
 _FORBIDDEN, _TAMPER, _DISPATCH, _SPAWN, _START = 1, 2, 3, 4, 5
 
 
+def _memo(state: dict, plan: dict, trusted: list[types.FunctionType],
+          watched: dict[int, Any]) -> dict:
+    """What the guards of ``plan`` (the same object: ``plan_for``'s, or the hidden cell's
+    decoded once per kernel, ``decoded_plan``) found in this kernel, for the next one: the
+    plan's tables, the verdicts on the code its probes ran (the hook's and the native
+    tables'), on the C functions the student's code called, on the dispatchers. Valid while
+    the probes' code and the functions watched for tampering are the same objects and the
+    hook the same kind (the native tables must list what the verdicts say); a new record
+    otherwise, and the guard forgets the verdicts when what it calls a Numba dispatcher's
+    method changed (``Guard._start``). (A verdict on a code object depends on the plan, its
+    allowlist and the seal only, and each one holds its code object, so the id it is kept
+    under stays its own.)"""
+    memos = state.setdefault("memos", {})
+    codes = [code for fn in trusted for code in _codes(fn.__code__)]
+    signature = (tuple(map(id, codes)), tuple(watched), state.get("native") is None)
+    memo = memos.get(id(plan))
+    if memo is None or memo["plan"] is not plan or memo["signature"] != signature:
+        memo = memos[id(plan)] = {"plan": plan, "signature": signature,
+                                  "held": (codes, list(watched.values()))}
+    return memo
+
+
+def decoded_plan(state: dict | None, text: str) -> dict:
+    """A plan's JSON text (the grader's hidden cell carries it) decoded with the decoder the
+    seal holds, once per kernel: the same text gives the same plan object, whose guards then
+    share what they found (``_memo``). The text itself is the key (``str`` hashing and
+    comparison are the interpreter's, which no cell can replace)."""
+    if state is None:
+        return json.JSONDecoder().decode(text)
+    plans = state.setdefault("plans", {})
+    plan = plans.get(text)
+    if plan is None:
+        plan = plans[text] = state["decoder"]().decode(text)
+    return plan
+
+
 class Guard:
     """Enforces one exercise's plan around each probe (see the module docstring).
 
@@ -1861,19 +1897,31 @@ class Guard:
         self.task = plan.get("task", "this")
         self._state = state if state is not None else _local_seal()
         _share_caches(self._state)
-        # The plan's entries, indexed: where -> label, fingerprint -> label (big functions:
-        # DISTINCTIVE), fingerprint -> entries (CLONE), each big function's n-gram count and
-        # sketch (its n-grams are computed when a copy of about its size shows up, once per
-        # kernel, ``_similar``). The grader's references, which every plan shares, are indexed
-        # once per kernel (``_reference_tables``) and copied under the exercise's own entries.
-        tables = own = _tables(plan["code"])
-        shared = plan.get("references")
-        self._shared = None
-        if shared is not None:
-            self._shared = _reference_tables(self._state, shared["digest"])
-            tables = _with_references(own, self._shared, set(map(tuple, shared["excused"])),
-                                      set(shared["plain"]))
-        self._own = own
+        self._watched_c = _watched_builtins()
+        self._watched_py = _watched_python()
+        trusted = [fn for fn in map(_unwrap, trusted) if isinstance(fn, types.FunctionType)]
+        # What earlier guards of this plan found in this kernel (``_memo``): its tables, the
+        # verdicts on the code and C functions they saw, the dispatchers they looked at.
+        memo = self._memo = _memo(self._state, plan, trusted, self._watched_py)
+        if "own" not in memo:
+            # The plan's entries, indexed: where -> label, fingerprint -> label (big
+            # functions: DISTINCTIVE), fingerprint -> entries (CLONE), each big function's
+            # n-gram count and sketch (its n-grams are computed when a copy of about its size
+            # shows up, once per kernel, ``_similar``). The grader's references, which every
+            # plan shares, are indexed once per kernel (``_reference_tables``) and copied under
+            # the exercise's own entries.
+            tables = own = _tables(plan["code"])
+            shared = plan.get("references")
+            memo["shared"] = None
+            if shared is not None:
+                memo["shared"] = _reference_tables(self._state, shared["digest"])
+                tables = _with_references(own, memo["shared"], set(map(tuple, shared["excused"])),
+                                          set(shared["plain"]))
+            memo.update(own=own, tables=tables, counts_sorted=None, by_name=None,
+                        forbidden_files=None, seen={}, students={}, c_verdicts={}, clean={},
+                        found=None, native=None, dispatch=None)
+        tables = memo["tables"]
+        self._own, self._shared = memo["own"], memo["shared"]
         self._by_where: dict[tuple, str] = tables["by_where"]
         self._by_synthetic: dict[tuple, dict[str, str]] = tables["by_synthetic"]  # every
         # dataclass's __init__ comes from ("<string>", 2, ...): where -> {fingerprint: label}
@@ -1882,21 +1930,18 @@ class Guard:
         self._sketches: dict[str, list[int]] = tables["sketches"]
         self._by_clone: dict[str, list[dict]] = tables["by_clone"]
         self._where_of_fp: dict[str, tuple] = tables["where_of_fp"]
-        self._counts_sorted: tuple[list[int], list[str], list[str]] | None = None
         allowed = plan.get("allowed")
         self._allowed = _allowlist(allowed) if allowed is not None else None
         # id(code) -> (code, where, student, foreign): per kernel, per allowlist (``_classify``)
         self._classified: dict[int, tuple] = self._state.setdefault("classified", {}).setdefault(
             tuple(allowed) if allowed is not None else None, {})
         self._permitted: dict[str, bool] = {}
-        self._c_verdicts: dict[tuple, tuple] = {}  # see ``_on_c_call``
+        self._c_verdicts: dict[tuple, tuple] = memo["c_verdicts"]  # see ``_on_c_call``
         self._c_funcs: dict[str, dict[str, str]] = {}
         for e in plan.get("builtins", ()):
             self._c_funcs.setdefault(e["name"], {})[e["owner"]] = e["label"]
-        self._watched_c = _watched_builtins()
-        self._watched_py = _watched_python()
         self.violations: list[str] = []
-        self._seen: dict[int, tuple] = {}
+        self._seen: dict[int, tuple] = memo["seen"]  # id(code) -> the hook's verdict
         self._lifted = 0
         self._closing = True
         self._thread = threading.get_ident()
@@ -1904,11 +1949,10 @@ class Guard:
         self._entry_points: dict[int, tuple[Any, tuple[str, str]]] = {}
         self._dispatch_codes: dict[int, types.CodeType] = {}
         self._found: list | None = None
-        self._by_name: dict[tuple[str, str], Any] | None = None  # see ``_label_by_name``
-        self._forbidden_files: frozenset[str] | None = None  # see ``_dispatcher_label_of``
         self._off: tuple[tuple, dict] | None = None  # (overload counts, what to switch off)
-        self._clean: dict[int, tuple[Any, int]] = {}  # dispatchers that run no forbidden code
-        self._students: dict[int, types.CodeType] = {}  # the student's code seen, by id
+        self._clean: dict[int, tuple[Any, int]] = memo["clean"]  # dispatchers that run no
+        # forbidden code
+        self._students: dict[int, types.CodeType] = memo["students"]  # the student's code seen
         # C functions looked up by identity: id -> (function, kind, label)
         self._c_static = {id(f): (f, _SPAWN, None) for f in self._state["start_new_thread"]}
         self._c_static.update((i, (f, _TAMPER, name)) for i, (f, name) in self._watched_c.items())
@@ -1916,6 +1960,8 @@ class Guard:
         self._tables: native_hook.Tables | None = None  # the native hook's, when it is used
         self._published_c_ids: frozenset[int] = frozenset()  # what its c_ids table lists
         self.hook = self._make_hook()
+        if self._tables is not None and memo["native"] is not None:
+            self._tables.load(memo["native"])
         self.trust(trusted)
 
     def trust(self, functions: Iterable[Any]) -> None:
@@ -1971,8 +2017,8 @@ class Guard:
     def _similar_candidates(self, code: types.CodeType) -> dict[str, int | None]:
         """The big forbidden functions ``code`` could be a copy of: those whose n-gram count is
         within a factor ``SIMILAR`` of its own (Jaccard similarity is at most the ratio of the
-        two counts), found by bisection in the counts sorted once per guard."""
-        if self._counts_sorted is None:
+        two counts), found by bisection in the counts sorted once per plan."""
+        if self._memo["counts_sorted"] is None:
             own, counts = self._own["gram_counts"], self._gram_counts
             counted = [(c, fp) for fp, c in own.items() if c is not None]
             uncounted = [fp for fp, c in own.items() if c is None]
@@ -1982,8 +2028,9 @@ class Guard:
                 uncounted += [fp for fp in self._shared["uncounted"]
                               if fp in counts and fp not in own]
             counted.sort()
-            self._counts_sorted = ([c for c, _ in counted], [fp for _, fp in counted], uncounted)
-        counts, fps, uncounted = self._counts_sorted
+            self._memo["counts_sorted"] = ([c for c, _ in counted], [fp for _, fp in counted],
+                                           uncounted)
+        counts, fps, uncounted = self._memo["counts_sorted"]
         n = len(shingles(code))
         lo = bisect.bisect_left(counts, SIMILAR * n * (1 - 1e-9))
         hi = bisect.bisect_right(counts, n / SIMILAR * (1 + 1e-9))
@@ -2035,7 +2082,8 @@ class Guard:
                     foreign = self._foreign_label(module, _qualname(code))
             if student or module is not None or self._allowed is None:  # (else its module
                 self._classified[id(code)] = (code, where, student, foreign)  # may come later)
-        if foreign is not None and _gc_callback(code):  # asked each time: the callbacks change
+        volatile = foreign is not None and _gc_callback(code)
+        if volatile:  # asked at every call (not kept in ``_seen``): the callbacks change
             foreign = None
         label = self._label(code, where, student)
         if self._allowed is None:
@@ -2054,6 +2102,8 @@ class Guard:
             entry = (code, _START, None, foreign, student)
         else:
             entry = (code, None, None, foreign, student)
+        if volatile:
+            return entry
         self._seen[id(code)] = entry  # holds the code object, so its id is never reused
         if self._tables is not None and entry[1] is None:  # what the native hook may answer
             if foreign is None:
@@ -2290,11 +2340,13 @@ class Guard:
     def _dispatcher_label_of(self, dispatcher) -> tuple[str, str] | None:
         codes, names, files = _dispatcher_sources(self._state, dispatcher)
         if files is not None:  # none of it the student's: only a forbidden function's file
-            if self._forbidden_files is None:  # (the references' files: all of them)
-                self._forbidden_files = frozenset(where[0] for table in (
-                    self._own["by_where"], self._own["by_synthetic"]) for where in table
+            forbidden_files = self._memo["forbidden_files"]
+            if forbidden_files is None:  # (the references' files: all of them)
+                forbidden_files = self._memo["forbidden_files"] = frozenset(
+                    where[0] for table in (self._own["by_where"], self._own["by_synthetic"])
+                    for where in table
                 ).union(self._shared["files"] if self._shared is not None else ())
-            if files.isdisjoint(self._forbidden_files):
+            if files.isdisjoint(forbidden_files):
                 return None
         for code in codes:
             entry = self._seen.get(id(code))
@@ -2316,10 +2368,11 @@ class Guard:
         path = getattr(sys.modules.get(module), "__file__", None)
         if not isinstance(path, str):
             return None
-        if self._by_name is None:
-            self._by_name = {(file, name): label
-                             for (file, _, name), label in self._by_where.items()}
-        label = self._by_name.get((_realpath(path), qualname))
+        by_name = self._memo["by_name"]
+        if by_name is None:
+            by_name = self._memo["by_name"] = {(file, name): label for (file, _, name), label
+                                               in self._by_where.items()}
+        label = by_name.get((_realpath(path), qualname))
         return (label, "") if isinstance(label, str) else label
 
     def _switch_off_dispatchers(self) -> None:
@@ -2330,11 +2383,16 @@ class Guard:
         if self._found is None:  # once per guard: later copies are caught when they compile
             self._found = _dispatchers(mod)
             self._dispatch_codes = _dispatch_codes(self._state, mod)
+            known = self._memo["found"]  # the last guard of this plan's, if they are the same
+            if (known is not None and len(known[0]) == len(self._found)
+                    and all(map(operator.is_, known[0], self._found))):
+                self._off = known[1]
         # What to switch off changes only when a dispatcher compiles a new overload.
         counts = tuple(len(d.overloads) if isinstance(getattr(d, "overloads", None), dict)
                        else -1 for d in self._found)
         if self._off is None or self._off[0] != counts:
             self._off = (counts, self._forbidden_dispatchers(mod))
+            self._memo["found"] = (self._found, self._off)
         self._dispatchers = dict(self._off[1])
         for d, label in self._dispatchers.values():
             if isinstance(d, mod.Dispatcher):
@@ -2417,6 +2475,10 @@ class Guard:
         self._c_ids.clear()
         self._c_ids.update(self._c_static)
         self._switch_off_dispatchers()
+        dispatch = self._dispatch_codes or None
+        if self._memo["dispatch"] is not dispatch:  # what ``_classify`` calls a dispatcher's
+            self._forget()  # method changed (Numba was imported since): classify again
+            self._memo["dispatch"] = dispatch
         self._previous = (sys.getprofile(), getattr(threading, "_profile_hook", None))
         _ACTIVE = self
         self._state["active"] = self
@@ -2466,6 +2528,17 @@ class Guard:
         if self._state.get("active") is self:
             self._state["active"] = None
         _ACTIVE = None
+        if self._tables is not None:
+            self._memo["native"] = self._tables.saved()
+
+    def _forget(self) -> None:
+        """Drop the verdicts on code kept for this plan (``_memo``), before the hook is on."""
+        self._seen.clear()
+        self._students.clear()
+        self._memo["native"] = None
+        if self._tables is not None:
+            for table in (self._tables.quiet, self._tables.stdlib, self._tables.student):
+                table.clear()
 
 
 def _gc_callback(code: types.CodeType) -> bool:

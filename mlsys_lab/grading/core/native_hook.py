@@ -92,6 +92,23 @@ class Tables:
         self.c_permitted = _Table(control, C_PERMITTED, 3)
         self._control = control
 
+    def saved(self) -> dict:
+        """What the tables hold now, for ``load`` into another hook's tables (the guard keeps
+        it per kernel for the next guard of the same plan)."""
+        return {name: (t.keys, t.count, t.held) for name, t in self._named().items()}
+
+    def load(self, saved: dict) -> None:
+        """Fill these (still empty) tables with copies of what ``saved`` held."""
+        for name, table in self._named().items():
+            keys, count, held = saved[name]
+            table.keys, table.size, table.count = keys.copy(), len(keys) // table.width, count
+            table.held = list(held)
+            table._publish()
+
+    def _named(self) -> dict[str, _Table]:
+        return {"quiet": self.quiet, "stdlib": self.stdlib, "student": self.student,
+                "c_permitted": self.c_permitted}
+
     def flag(self, bit: int, on: bool) -> None:
         if on:
             self._control[FLAGS] |= bit

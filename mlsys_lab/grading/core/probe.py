@@ -19,7 +19,14 @@ import sys
 from typing import Any, Sequence
 
 from mlsys_lab.grading.core.exercise import _lookup, _takes_seed, describe_error, get_exercise
-from mlsys_lab.grading.core.guard import Guard, OffLimitsError, find_seal, plan_for, tampered
+from mlsys_lab.grading.core.guard import (
+    Guard,
+    OffLimitsError,
+    decoded_plan,
+    find_seal,
+    plan_for,
+    tampered,
+)
 from mlsys_lab.grading.core.wire import MAX_BYTES, WireError, encode
 
 __all__ = ["MIME", "emit", "references_cell", "run_exercise", "seal_cell"]
@@ -28,17 +35,14 @@ __all__ = ["MIME", "emit", "references_cell", "run_exercise", "seal_cell"]
 MIME = "application/vnd.mlsys-lab.probe+json"
 
 
-def _call(fn, answers: Sequence[Any], seed: int):
-    return fn(*answers, seed=seed) if _takes_seed(fn) else fn(*answers)
-
-
 def _probe_case(case, answers: Sequence[Any], seed: int, guard: Guard, dumps=json.dumps) -> dict:
     record = {"name": case.name, "kind": "probe"}
     error: BaseException | None = None
     data = None
+    seeded = _takes_seed(case.probe)  # (the grader's function: asked before the guard is on)
     try:
         with guard.watching():
-            value = _call(case.probe, answers, seed)
+            value = case.probe(*answers, seed=seed) if seeded else case.probe(*answers)
             data = encode(value)  # student objects' __repr__ runs here: keep it guarded
     except KeyboardInterrupt:
         raise
@@ -133,13 +137,14 @@ def emit(exercise_id: str, namespace: dict, seed: int, marker: str, plan: dict |
     The payload goes out as one display-data message of type ``MIME`` carrying ``marker`` (the
     grader's fresh secret for this step), never as printed text. ``key`` names the seal the
     grader's first cell recorded (``seal_cell``); the plan's JSON text (what the hidden cell
-    gets) is then decoded with the JSON decoder the seal holds, and the payload written with its
+    gets) is then decoded with the JSON decoder the seal holds (once per kernel,
+    ``guard.decoded_plan``), and the payload written with its
     encoder and sent with its publisher, not the kernel's current ones.
     """
     state = find_seal(key) if key is not None else None
     try:
         if isinstance(plan, str):
-            plan = (state["decoder"]() if state is not None else json.JSONDecoder()).decode(plan)
+            plan = decoded_plan(state, plan)
         exercise = get_exercise(exercise_id)
         try:
             answers: Sequence[Any] | str = [_lookup(namespace, t) for t in exercise.targets]
