@@ -830,6 +830,49 @@ def test_numba_overload_compiled_between_two_probes_is_switched_off():
     np.testing.assert_array_equal(out, a @ b)
 
 
+def test_a_dispatcher_that_compiles_a_call_to_a_forbidden_one_between_probes_is_switched_off():
+    """What a guard found among the dispatchers is kept while the words that say it holds are
+    the same (``_DispatcherWatch``): a dispatcher alive at the first probe, compiled between
+    two probes with a call to the forbidden kernel, changes its overloads' version, so the
+    next probe switches it off and the call is refused. (Compiling also registers finalizers;
+    the overloads' version alone is checked too: a watch that did not read it would keep a
+    dispatcher on whose compiled code calls the kernel unseen.)"""
+    from numba import njit
+
+    from mlsys_lab.kernels import cpu
+
+    outer = _cell_njit(njit, cpu)
+    g = guard.Guard(guard.plan_for(registry.get_exercise("97.3")))
+    with g.watching():  # the first probe: what to switch off is worked out, and watched
+        pass
+    watch = g._memo["watch"]
+    assert watch is not None and outer in watch.found and watch.unchanged()
+    outer.overloads["x"] = None  # its overloads change, the finalizers' registry does not
+    del outer.overloads["x"]
+    assert not watch.unchanged()
+    a = np.arange(6, dtype=np.int16).reshape(2, 3)
+    b, c = np.ones((3, 2), np.int16), np.zeros((2, 2), np.int16)
+    outer(a, b, c)  # compiled between the two probes: its code calls ``_naive_kernel``
+    with g.watching():
+        with pytest.raises(guard.OffLimitsError):
+            outer(a, b, np.zeros_like(c))
+    assert g.violations and "_naive_kernel" in g.violations[0], g.violations
+    with g.watching():  # the watch, remade: the same refusal
+        with pytest.raises(guard.OffLimitsError):
+            outer(a, b, np.zeros_like(c))
+    out = np.zeros_like(c)
+    outer(a, b, out)
+    np.testing.assert_array_equal(out, a @ b)
+
+
+def _cell_njit(njit, cpu):
+    """A student's jitted function (compiled lazily) that calls the library's kernel."""
+    scope = {"njit": njit, "cpu": cpu}
+    exec(compile("@njit\ndef outer(a, b, c):\n    cpu._naive_kernel(a, b, c)\n",
+                 "/tmp/ipykernel_4242/outer.py", "exec"), scope)
+    return scope["outer"]
+
+
 # ----------------------------------------------------------------------------- judges and the wire
 
 
