@@ -1861,9 +1861,15 @@ def _memo(state: dict, plan: dict, trusted: list[types.FunctionType],
     signature = (tuple(map(id, codes)), tuple(watched), state.get("native") is None)
     memo = memos.get(id(plan))
     if memo is None or memo["plan"] is not plan or memo["signature"] != signature:
+        memos.pop(id(plan), None)
+        while len(memos) >= _MEMOS:  # the oldest first (a kernel grades a chapter's few)
+            memos.pop(next(iter(memos)))
         memo = memos[id(plan)] = {"plan": plan, "signature": signature,
                                   "held": (codes, list(watched.values()))}
     return memo
+
+
+_MEMOS = 32  # plans whose guards' findings a kernel keeps
 
 
 def decoded_plan(state: dict | None, text: str) -> dict:
@@ -1876,6 +1882,8 @@ def decoded_plan(state: dict | None, text: str) -> dict:
     plans = state.setdefault("plans", {})
     plan = plans.get(text)
     if plan is None:
+        while len(plans) >= _MEMOS:
+            plans.pop(next(iter(plans)))
         plan = plans[text] = state["decoder"]().decode(text)
     return plan
 
