@@ -31,7 +31,11 @@ deciding once per location would pay).
 
 ``--grade`` also times ``mlsys-lab grade`` of the solutions notebook (a fresh kernel, the
 notebook run, every check; best of ``--rounds``) and prints the guard's whole cost, probed +
-seal - plain, as a share of it: what a student waiting for a grade pays for the guard.
+seal - plain, as a share of it: what a student waiting for a grade pays for the guard. And
+``plans wait``: in a grade run here (as the command runs it), how long the grader still waited
+for the plans (made by another process while the kernel starts) once the kernel had run the
+seal cell; the least of ``--rounds``. Where it exceeds ``seal s``, the seal costs the grade
+nothing: without it the grade would have waited for the plans as long.
 """
 
 from __future__ import annotations
@@ -250,7 +254,7 @@ def main() -> None:
     print(f"{'notebook':8} {'plain s':>8} {'seal s':>7} {'probed s':>9} {'ratio':>6} "
           f"{'first':>6} {'ratio w/o seal':>14} {'no-op hook':>10} {'C no-op':>8} "
           f"{'monitoring':>11}"
-          + (f"{'grade s':>9} {'guard share':>11}" if args.grade else ""))
+          + (f"{'grade s':>9} {'guard share':>11} {'plans wait':>10}" if args.grade else ""))
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -270,7 +274,8 @@ def main() -> None:
         if args.grade:
             seconds = _grade_seconds(name, args.rounds, env)
             cost = r["probed"] + r["seal"] - r["plain"]
-            line += f"{seconds:9.2f} {100 * cost / seconds:10.1f}%"
+            wait = _plans_wait(name, args.rounds, env)
+            line += f"{seconds:9.2f} {100 * cost / seconds:10.1f}% {wait:9.3f}s"
         print(line)
 
 
@@ -287,6 +292,39 @@ def _grade_seconds(notebook: str, rounds: int, env: dict) -> float:
         if out.returncode:
             raise SystemExit(f"mlsys-lab grade {path.name} failed:\n{out.stdout[-2000:]}")
     return best
+
+
+_PLANS_WAIT = """
+import json, sys, time
+from mlsys_lab.grading.core import grader
+marks = {}
+execute, from_child = grader._Run.execute, grader._Preparation._from_child
+def timed_execute(self, step, capture=True):
+    execute(self, step, capture)
+    marks.setdefault("sealed", time.perf_counter())  # the first cell: the seal
+def timed_from_child(self):
+    made = from_child(self)
+    marks["plans"] = time.perf_counter()
+    return made
+grader._Run.execute, grader._Preparation._from_child = timed_execute, timed_from_child
+report = grader.grade(sys.argv[1], prepare_aside=True)  # as ``mlsys-lab grade`` calls it
+assert report.total == report.max, report.total
+print(json.dumps(marks["plans"] - marks["sealed"]))
+"""
+
+
+def _plans_wait(notebook: str, rounds: int, env: dict) -> float:
+    """The least, over ``rounds`` grades, of how long the grader waited for the plans after
+    the seal cell had run."""
+    [path] = sorted((ROOT / "solutions").glob(f"{notebook}_*.ipynb"))
+    waits = []
+    for _ in range(rounds):
+        out = subprocess.run([sys.executable, "-c", _PLANS_WAIT, str(path)],
+                             capture_output=True, text=True, env=env)
+        if out.returncode:
+            raise SystemExit(f"grading {path.name} failed:\n{out.stderr[-2000:]}")
+        waits.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return min(waits)
 
 
 if __name__ == "__main__":
