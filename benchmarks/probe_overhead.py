@@ -20,7 +20,9 @@ chance added 0.15 s to it); the best of each is kept. Prints per notebook: plain
 probed (probes only) and the ratio (probed + seal) / plain, the figure the target (<= 1.5x)
 applies to; the seal is also the part every kernel pays once per notebook. ``first`` is the same
 ratio with the first probed round: what one ``mlsys-lab grade`` pays, with the kernel's caches
-(each forbidden function's n-grams, each code object's origin) still empty.
+(each forbidden function's n-grams, each code object's origin) still empty; ``first w/o`` is
+that round's probes alone against plain (a grade checks each exercise once, in a fresh
+kernel: its checks are this round).
 
 Floors, each the plain run with a stand-in for the guard, as ratios to plain: ``no-op hook``,
 a ``sys.setprofile`` hook that does nothing (what any guard built on a Python profile hook pays,
@@ -252,7 +254,7 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}, "
           f"rounds: {args.rounds}")
     print(f"{'notebook':8} {'plain s':>8} {'seal s':>7} {'probed s':>9} {'ratio':>6} "
-          f"{'first':>6} {'ratio w/o seal':>14} {'no-op hook':>10} {'C no-op':>8} "
+          f"{'first':>6} {'ratio w/o seal':>14} {'first w/o':>9} {'no-op hook':>10} {'C no-op':>8} "
           f"{'monitoring':>11}"
           + (f"{'grade s':>9} {'guard share':>11} {'plans wait':>10}" if args.grade else ""))
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
@@ -269,6 +271,7 @@ def main() -> None:
         first = (r["first_probed"] + r["seal"]) / r["plain"]
         line = (f"{name:8} {r['plain']:8.3f} {r['seal']:7.3f} {r['probed']:9.3f} {ratio:5.2f}x "
                 f"{first:5.2f}x {r['probed'] / r['plain']:13.2f}x "
+                f"{r['first_probed'] / r['plain']:8.2f}x "
                 f"{r['no-op hook'] / r['plain']:9.2f}x {r['C no-op'] / r['plain']:7.2f}x")
         line += f" {r['monitoring'] / r['plain']:10.2f}x" if "monitoring" in r else f" {'-':>11}"
         if args.grade:

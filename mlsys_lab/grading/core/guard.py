@@ -1911,7 +1911,8 @@ class Guard:
         # What earlier guards of this plan found in this kernel (``_memo``): its tables, the
         # verdicts on the code and C functions they saw, the dispatchers they looked at.
         memo = self._memo = _memo(self._state, plan, trusted, self._watched_py)
-        if "own" not in memo:
+        fresh = "own" not in memo
+        if fresh:
             # The plan's entries, indexed: where -> label, fingerprint -> label (big
             # functions: DISTINCTIVE), fingerprint -> entries (CLONE), each big function's
             # n-gram count and sketch (its n-grams are computed when a copy of about its size
@@ -1925,7 +1926,9 @@ class Guard:
                 memo["shared"] = _reference_tables(self._state, shared["digest"])
                 tables = _with_references(own, memo["shared"], set(map(tuple, shared["excused"])),
                                           set(shared["plain"]))
+            allowed = plan.get("allowed")
             memo.update(own=own, tables=tables, counts_sorted=None, by_name=None,
+                        allowed=_allowlist(allowed) if allowed is not None else None,
                         forbidden_files=None, seen={}, students={}, c_verdicts={}, clean={},
                         watch=None, native=None, dispatch=None)
         tables = memo["tables"]
@@ -1939,7 +1942,7 @@ class Guard:
         self._by_clone: dict[str, list[dict]] = tables["by_clone"]
         self._where_of_fp: dict[str, tuple] = tables["where_of_fp"]
         allowed = plan.get("allowed")
-        self._allowed = _allowlist(allowed) if allowed is not None else None
+        self._allowed = memo["allowed"]
         # id(code) -> (code, where, student, foreign): per kernel, per allowlist (``_classify``)
         self._classified: dict[int, tuple] = self._state.setdefault("classified", {}).setdefault(
             tuple(allowed) if allowed is not None else None, {})
@@ -1970,7 +1973,8 @@ class Guard:
         self.hook = self._make_hook()
         if self._tables is not None and memo["native"] is not None:
             self._tables.load(memo["native"])
-        self.trust(trusted)
+        if fresh:  # (the same probes' code as the last guard of this plan trusted)
+            self.trust(trusted)
 
     def trust(self, functions: Iterable[Any]) -> None:
         """Count these functions' code (an exercise's probes: the grader's) as not the
@@ -2668,7 +2672,7 @@ class _DispatcherWatch:
     @classmethod
     def of(cls, gather, found: list, off: tuple[tuple, dict], mod) -> _DispatcherWatch | None:
         registry = getattr(weakref.finalize, "_registry", None)
-        namespace = vars(mod._DispatcherBase).get("__dict__")
+        namespace = _CLASS_DICT(mod._DispatcherBase).get("__dict__")
         if (gather is None or type(registry) is not dict
                 or type(namespace) is not types.GetSetDescriptorType):
             return None
