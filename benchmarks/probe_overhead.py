@@ -32,8 +32,9 @@ guard whose hook were written in C would pay); and on Python 3.12+ ``monitoring`
 deciding once per location would pay).
 
 ``--grade`` also times ``mlsys-lab grade`` of the solutions notebook (a fresh kernel, the
-notebook run, every check; best of ``--rounds``) and prints the guard's whole cost, probed +
-seal - plain, as a share of it: what a student waiting for a grade pays for the guard. And
+notebook run, every check; best of ``--rounds``) and prints the guard's whole cost, first
+round's probed + seal - plain, as a share of it: what a student waiting for a grade pays for
+the guard (the seal counted, though it is hidden where ``plans wait`` exceeds it). And
 ``plans wait``: in a grade run here (as the command runs it), how long the grader still waited
 for the plans (made by another process while the kernel starts) once the kernel had run the
 seal cell; the least of ``--rounds``. Where it exceeds ``seal s``, the seal costs the grade
@@ -276,7 +277,7 @@ def main() -> None:
         line += f" {r['monitoring'] / r['plain']:10.2f}x" if "monitoring" in r else f" {'-':>11}"
         if args.grade:
             seconds = _grade_seconds(name, args.rounds, env)
-            cost = r["probed"] + r["seal"] - r["plain"]
+            cost = r["first_probed"] + r["seal"] - r["plain"]  # a grade's checks: the first
             wait = _plans_wait(name, args.rounds, env)
             line += f"{seconds:9.2f} {100 * cost / seconds:10.1f}% {wait:9.3f}s"
         print(line)

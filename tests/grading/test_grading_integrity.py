@@ -422,6 +422,24 @@ def test_9_1s_probe_leaves_no_suspended_input_for_the_collector():
     assert left == []
 
 
+def test_a_grader_objects_finaliser_is_not_refused_in_another_exercises_probe():
+    """19.1's probe counts activations with a ``__del__``. One left in a cycle was freed by the
+    collector inside 19.2's probe, where 19.1's code is a forbidden reference: the full suite
+    refused 19.2's reference answer so. A finaliser is run by the interpreter wherever its
+    object dies and is never an answer: finalisers are not among the grader's references."""
+    from mlsys_lab.grading.exercises.ch19_training_large_models.ex19_1_recompute import (
+        _Activation,
+    )
+
+    g = guard.Guard(guard.plan_for(get_exercise("19.2")))
+    tally = {"alive": 0, "peak": 0}
+    activation = _Activation(None, tally)
+    with g.watching():
+        del activation  # its finaliser runs here, in 19.2's probe
+    assert tally["alive"] == 0 and g.violations == [], g.violations
+    assert not any(e["qualname"].endswith("__del__") for e in guard.reference_plan()["entries"])
+
+
 def test_an_unguardable_spec_is_rejected_with_advice():
     bad = Exercise("97.9", "x", (Case("c", 1, probe=abs, judge=abs),), "f",
                    forbidden=("numpy:matmul",))

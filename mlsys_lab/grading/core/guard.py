@@ -712,14 +712,18 @@ _REFERENCE_CODES: dict[str, list[types.CodeType]] = {}
 
 
 def _reference_codes() -> list[types.CodeType]:
-    """Every function compiled from the exercise modules, ``mlsys_lab/grading/exercises/``."""
+    """Every function compiled from the exercise modules, ``mlsys_lab/grading/exercises/``,
+    but finalisers (``__del__``): the interpreter runs one wherever its object dies (the
+    collector freeing a probe's object in a cycle, inside a later exercise's probe), and a
+    finaliser is never an answer."""
     out = []
     pattern = os.path.join(_GRADING_DIR, "exercises", "**", "*.py")
     for filename in sorted(glob.glob(pattern, recursive=True)):
         if filename not in _REFERENCE_CODES:
             with open(filename, encoding="utf-8") as f:
                 top = compile(f.read(), filename, "exec")
-            _REFERENCE_CODES[filename] = [c for c in _codes(top) if c is not top]
+            _REFERENCE_CODES[filename] = [c for c in _codes(top)
+                                          if c is not top and c.co_name != "__del__"]
         out.extend(_REFERENCE_CODES[filename])
     return out
 
