@@ -1915,6 +1915,7 @@ class Guard:
         # What earlier guards of this plan found in this kernel (``_memo``): its tables, the
         # verdicts on the code and C functions they saw, the dispatchers they looked at.
         memo = self._memo = _memo(self._state, plan, trusted, self._watched_py)
+        allowed = plan.get("allowed")
         fresh = "own" not in memo
         if fresh:
             # The plan's entries, indexed: where -> label, fingerprint -> label (big
@@ -1930,7 +1931,6 @@ class Guard:
                 memo["shared"] = _reference_tables(self._state, shared["digest"])
                 tables = _with_references(own, memo["shared"], set(map(tuple, shared["excused"])),
                                           set(shared["plain"]))
-            allowed = plan.get("allowed")
             memo.update(own=own, tables=tables, counts_sorted=None, by_name=None,
                         allowed=_allowlist(allowed) if allowed is not None else None,
                         forbidden_files=None, seen={}, students={}, c_verdicts={}, clean={},
@@ -1945,7 +1945,6 @@ class Guard:
         self._sketches: dict[str, list[int]] = tables["sketches"]
         self._by_clone: dict[str, list[dict]] = tables["by_clone"]
         self._where_of_fp: dict[str, tuple] = tables["where_of_fp"]
-        allowed = plan.get("allowed")
         self._allowed = memo["allowed"]
         # id(code) -> (code, where, student, foreign): per kernel, per allowlist (``_classify``)
         self._classified: dict[int, tuple] = self._state.setdefault("classified", {}).setdefault(
