@@ -91,8 +91,7 @@ def _child(notebook: str, rounds: int) -> dict:
         capture_output=True, text=True, check=True).stdout)
     gc.collect()
     start = time.perf_counter()
-    state = guard.seal("probe-overhead", ids, sent["references"],  # as the grader does: keyed,
-                       freeze=True)
+    state = guard.seal("probe-overhead", ids, sent["references"])  # as the grader does: keyed
     seal_seconds.append(time.perf_counter() - start)
     scope = {"__name__": "__main__"}
     os.chdir(path.parent)

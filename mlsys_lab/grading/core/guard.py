@@ -1054,7 +1054,7 @@ def _channel_objects() -> list[tuple[str, Any]]:
 
 
 def seal(key: str | None = None, exercise_ids: Iterable[str] = (),
-         references: str | None = None, freeze: bool = False) -> dict:
+         references: str | None = None) -> dict:
     """Record, before any student cell runs, what the grader's checks rely on in this kernel.
 
     The grader runs this first in every kernel it starts. It imports the exercises' chapter
@@ -1068,12 +1068,7 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = (),
     of them from their files, once per kernel. ``key`` (the grader's secret) names where it is
     kept for the hidden cells. ``references``: the JSON text of ``reference_plan()``, which every
     plan names by digest (or given later, ``seal_references``; without it, the first guard
-    computes it in the kernel). ``freeze`` (the grader's first cell): ``gc.freeze()`` the
-    objects alive now, the kernel's and its libraries' (~330k, alive for the kernel's life),
-    so that no later collection walks them: the first check's one-time work (its late seal,
-    its tables) allocated enough to set off a full collection of them there, 0.1 s in
-    chapters 3 and 13. Only for a kernel no student cell has run in: frozen objects are never
-    collected, and ``gc.get_objects`` no longer lists them.
+    computes it in the kernel).
     """
     from mlsys_lab.grading.core.exercise import get_exercise
     for ex_id in exercise_ids:
@@ -1142,8 +1137,6 @@ def seal(key: str | None = None, exercise_ids: Iterable[str] = (),
     if key is not None:
         import builtins
         vars(builtins)[_SEAL_NAME.format(key)] = state
-    if freeze:
-        gc.freeze()
     return state
 
 
@@ -2632,7 +2625,7 @@ def _dispatchers(mod: types.ModuleType) -> list:
     """Every Numba dispatcher alive. Each registers a ``weakref.finalize`` when it is made, so
     the finalizers' registry lists them all at a fraction of a scan of every object; without
     that registry, instances of the dispatcher classes are found through the collector (they
-    refer to their class; not those the grader's seal froze, ``seal(freeze=True)``)."""
+    refer to their class)."""
     kinds = _subclasses(mod._DispatcherBase)
     registry = getattr(weakref.finalize, "_registry", None)
     if isinstance(registry, dict):

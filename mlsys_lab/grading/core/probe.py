@@ -111,11 +111,9 @@ def _tamper_message(changed: list[str]) -> str:
 
 
 def seal_cell(key: str, exercise_ids: Sequence[str]) -> str:
-    """The source of the grader's first cell in a kernel: ``guard.seal(key, exercise_ids,
-    freeze=True)``, run before any student cell (from the kernel's own, still untouched,
-    grading modules)."""
-    return _grader_cell("seal", f"guard.seal({key!r}, {list(map(str, exercise_ids))!r}, "
-                                "freeze=True)")
+    """The source of the grader's first cell in a kernel: ``guard.seal(key, exercise_ids)``, run
+    before any student cell (from the kernel's own, still untouched, grading modules)."""
+    return _grader_cell("seal", f"guard.seal({key!r}, {list(map(str, exercise_ids))!r})")
 
 
 def references_cell(key: str, references: str) -> str:
