@@ -850,7 +850,7 @@ def test_numba_overload_compiled_between_two_probes_is_switched_off():
 
 def test_a_dispatcher_that_compiles_a_call_to_a_forbidden_one_between_probes_is_switched_off():
     """What a guard found among the dispatchers is kept while the words that say it holds are
-    the same (``_DispatcherWatch``): a dispatcher alive at the first probe, compiled between
+    the same (``_dispatcher_watch``): a dispatcher alive at the first probe, compiled between
     two probes with a call to the forbidden kernel, changes its overloads' version, so the
     next probe switches it off and the call is refused. (Compiling also registers finalizers;
     the overloads' version alone is checked too: a watch that did not read it would keep a
@@ -864,10 +864,10 @@ def test_a_dispatcher_that_compiles_a_call_to_a_forbidden_one_between_probes_is_
     with g.watching():  # the first probe: what to switch off is worked out, and watched
         pass
     watch = g._memo["watch"]
-    assert watch is not None and outer in watch.found and watch.unchanged()
+    assert watch is not None and outer in watch["found"] and guard._still_holds(watch)
     outer.overloads["x"] = None  # its overloads change, the finalizers' registry does not
     del outer.overloads["x"]
-    assert not watch.unchanged()
+    assert not guard._still_holds(watch)
     a = np.arange(6, dtype=np.int16).reshape(2, 3)
     b, c = np.ones((3, 2), np.int16), np.zeros((2, 2), np.int16)
     outer(a, b, c)  # compiled between the two probes: its code calls ``_naive_kernel``

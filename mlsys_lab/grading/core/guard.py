@@ -2396,22 +2396,22 @@ class Guard:
         if mod is None or not (self._by_where or self._by_synthetic or self._by_fp):
             return
         watch = self._memo["watch"]
-        if watch is not None and watch.unchanged():  # the last probe's findings still hold
-            self._found, self._off = watch.found, watch.off
+        if watch is not None and _still_holds(watch):  # the last probe's findings hold
+            self._found, self._off = watch["found"], watch["off"]
             self._dispatch_codes = _dispatch_codes(self._state, mod)
         else:
             if self._found is None:  # once per guard: later copies are caught when they compile
                 self._found = _dispatchers(mod)
                 self._dispatch_codes = _dispatch_codes(self._state, mod)
-                if watch is not None and len(watch.found) == len(self._found) and all(
-                        map(operator.is_, watch.found, self._found)):
-                    self._off = watch.off  # the same dispatchers: compare their counts
+                if watch is not None and len(watch["found"]) == len(self._found) and all(
+                        map(operator.is_, watch["found"], self._found)):
+                    self._off = watch["off"]  # the same dispatchers: compare their counts
             # What to switch off changes only when a dispatcher compiles a new overload.
             counts = tuple(len(d.overloads) if isinstance(getattr(d, "overloads", None), dict)
                            else -1 for d in self._found)
             if self._off is None or self._off[0] != counts:
                 self._off = (counts, self._forbidden_dispatchers(mod))
-            self._memo["watch"] = _DispatcherWatch.of(
+            self._memo["watch"] = _dispatcher_watch(
                 self._state["frozen"]["gather"], self._found, self._off, mod)
         self._dispatchers = dict(self._off[1])
         for d, label in self._dispatchers.values():
@@ -2657,54 +2657,50 @@ def _dispatch_codes(state: dict, mod: types.ModuleType) -> dict[int, types.CodeT
     return codes
 
 
-class _DispatcherWatch:
+def _dispatcher_watch(gather, found: list, off: tuple[tuple, dict], mod) -> dict | None:
     """What the guard found among Numba's dispatchers (``found``, and ``off``: their overload
-    counts and what to switch off), with the words that say whether it still holds, read in
-    one native call (``native_hook.gatherer``): the version of ``weakref.finalize``'s registry
-    (every dispatcher registers a finalizer when it is made, and is dropped from it when it
-    dies) and, for each dispatcher that is not switched off, the versions of its namespace
-    (``py_func`` swapped, ``overloads`` replaced) and of its overloads (a new one compiled).
-    The switched-off ones stay off whatever they compile; their entry points are read at every
-    start. A namespace is read through the descriptor of Numba's base class (C: a subclass's
-    ``__dict__`` property is not run); without the native reader, or where a namespace or
-    overloads are not plain dicts, there is no watch and the guard counts overloads at every
-    start."""
-
-    __slots__ = ("found", "off", "_gather", "_addresses", "_now", "_words", "_held")
-
-    @classmethod
-    def of(cls, gather, found: list, off: tuple[tuple, dict], mod) -> _DispatcherWatch | None:
-        registry = getattr(weakref.finalize, "_registry", None)
-        namespace = _CLASS_DICT(mod._DispatcherBase).get("__dict__")
-        if (gather is None or type(registry) is not dict
-                or type(namespace) is not types.GetSetDescriptorType):
+    counts and what to switch off), with the words that say whether it still holds
+    (``_still_holds``), read in one native call (``native_hook.gatherer``): the version of
+    ``weakref.finalize``'s registry (every dispatcher registers a finalizer when it is made,
+    and is dropped from it when it dies) and, for each dispatcher that is not switched off, the
+    versions of its namespace (``py_func`` swapped, ``overloads`` replaced) and of its
+    overloads (a new one compiled). The switched-off ones stay off whatever they compile; their
+    entry points are read at every start. A namespace is read through the descriptor of
+    Numba's base class (C: a subclass's ``__dict__`` property is not run); without the native
+    reader, or where a namespace or overloads are not plain dicts, there is no watch (None)
+    and the guard counts overloads at every start. Plain data, as the seal's record is
+    (``_frozen``): the function that reads it is the reading guard's own."""
+    registry = getattr(weakref.finalize, "_registry", None)
+    namespace = _CLASS_DICT(mod._DispatcherBase).get("__dict__")
+    if (gather is None or type(registry) is not dict
+            or type(namespace) is not types.GetSetDescriptorType):
+        return None
+    import ctypes
+    dicts = [registry]
+    for d in found:
+        if id(d) in off[1]:
+            continue
+        try:
+            space = namespace.__get__(d)
+        except TypeError:
             return None
-        import ctypes
-        dicts = [registry]
-        for d in found:
-            if id(d) in off[1]:
-                continue
-            try:
-                space = namespace.__get__(d)
-            except TypeError:
-                return None
-            overloads = space.get("overloads") if type(space) is dict else None
-            if not isinstance(overloads, dict):
-                return None
-            dicts += [space, overloads]
-        at = 8 * native_hook.WORD_LAYOUT["dict_version"]
-        n = len(dicts)
-        watch = cls()
-        watch.found, watch.off, watch._gather, watch._held = found, off, gather, dicts
-        watch._addresses = (ctypes.c_int64 * n)(*(id(x) + at for x in dicts))
-        watch._now = (ctypes.c_int64 * n)()
-        gather(watch._addresses, watch._now, n)
-        watch._words = bytes(watch._now)
-        return watch
+        overloads = space.get("overloads") if type(space) is dict else None
+        if not isinstance(overloads, dict):
+            return None
+        dicts += [space, overloads]
+    at = 8 * native_hook.WORD_LAYOUT["dict_version"]
+    n = len(dicts)
+    addresses = (ctypes.c_int64 * n)(*(id(x) + at for x in dicts))
+    now = (ctypes.c_int64 * n)()
+    gather(addresses, now, n)
+    return {"found": found, "off": off, "gather": gather, "addresses": addresses, "now": now,
+            "words": bytes(now), "held": dicts}  # held: their addresses stay theirs
 
-    def unchanged(self) -> bool:
-        self._gather(self._addresses, self._now, len(self._now))
-        return bytes(self._now) == self._words
+
+def _still_holds(watch: dict) -> bool:
+    """Whether what ``_dispatcher_watch`` recorded still holds: none of its words changed."""
+    watch["gather"](watch["addresses"], watch["now"], len(watch["now"]))
+    return bytes(watch["now"]) == watch["words"]
 
 
 def _subclasses(cls: type) -> set[type]:

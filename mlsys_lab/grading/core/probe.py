@@ -138,8 +138,8 @@ def emit(exercise_id: str, namespace: dict, seed: int, marker: str, plan: dict |
     grader's fresh secret for this step), never as printed text. ``key`` names the seal the
     grader's first cell recorded (``seal_cell``); the plan's JSON text (what the hidden cell
     gets) is then decoded with the JSON decoder the seal holds (once per kernel,
-    ``guard.decoded_plan``), and the payload written with its
-    encoder and sent with its publisher, not the kernel's current ones.
+    ``guard.decoded_plan``), and the payload written with its encoder and sent with its
+    publisher, not the kernel's current ones.
     """
     state = find_seal(key) if key is not None else None
     try:
