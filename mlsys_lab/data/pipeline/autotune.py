@@ -121,20 +121,23 @@ def brute_force(costs, budget: int, *, fixed: Mapping | None = None,
     """Exhaustive search over every allocation (small cases only): the tuner's test oracle.
 
     Returns the allocation with the highest predicted throughput, fewest workers on ties.
+    Throughputs within a relative 1e-12 are ties, as :func:`choose_degrees` trims them: two
+    stages whose costs differ in the last bit are not worth a worker.
     """
     costs = _check_costs("brute_force", costs)
     fixed = dict(fixed or {})
     tuned = [name for name in costs if name not in fixed]
     if budget < len(tuned):
         raise ArgumentError(f"brute_force: budget {budget} is below {len(tuned)} tuned stages")
-    best, best_key = None, None
+    best, best_rate, best_workers = None, -math.inf, 0
     for combo in itertools.product(range(1, budget - len(tuned) + 2), repeat=len(tuned)):
         if sum(combo) > budget:
             continue
         degrees = {**dict(zip(tuned, combo)), **fixed}
-        key = (predicted_throughput(costs, degrees, cores), -sum(combo))
-        if best_key is None or key > best_key:
-            best, best_key = degrees, key
+        rate = predicted_throughput(costs, degrees, cores)
+        tie = rate == best_rate or math.isclose(rate, best_rate, rel_tol=1e-12)
+        if best is None or (rate > best_rate and not tie) or (tie and sum(combo) < best_workers):
+            best, best_rate, best_workers = degrees, rate, sum(combo)
     return best
 
 
