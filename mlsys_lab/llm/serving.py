@@ -86,9 +86,9 @@ def serve(model, requests, cache, max_batch=8, temperature=1.0, top_k=None, top_
             log["admitted"].append(admitted)
             live = [(r, s) for r in running for s, toks in r.tokens.items()
                     if len(toks) < r.request.max_new_tokens]
+            if live and paged:  # (may preempt every live sequence: none decodes this step)
+                live = _make_room(cache, running, live, waiting, log)
             if live:
-                if paged:
-                    live = _make_room(cache, running, live, waiting, log)
                 seqs = [s for _, s in live]
                 cache.select(seqs)
                 last = np.array([[r.tokens[s][-1]] for r, s in live])
