@@ -84,6 +84,7 @@ def serve(model, requests, cache, max_batch=8, temperature=1.0, top_k=None, top_
                                         top_p))
                 admitted.append(req.id)
             log["admitted"].append(admitted)
+            _retire(cache, running, outputs)  # done at its prefill: its blocks free now
             live = [(r, s) for r in running for s, toks in r.tokens.items()
                     if len(toks) < r.request.max_new_tokens]
             if live and paged:  # (may preempt every live sequence: none decodes this step)
@@ -97,13 +98,7 @@ def serve(model, requests, cache, max_batch=8, temperature=1.0, top_k=None, top_
                     r.tokens[s].append(int(sample(row, r.rngs[s], temperature, top_k,
                                                   top_p)))
                 log["batch"].append(seqs)
-            for r in list(running):
-                if all(len(t) >= r.request.max_new_tokens for t in r.tokens.values()):
-                    for s in r.tokens:
-                        cache.free_sequence(s)
-                    outputs[r.request.id] = [np.array(r.tokens[(r.request.id, j)], np.int64)
-                                             for j in range(r.request.n)]
-                    running.remove(r)
+            _retire(cache, running, outputs)
             step += 1
             if not running and waiting and waiting[0].arrival > step:
                 step = waiting[0].arrival
@@ -132,6 +127,17 @@ def _prefill(model, cache, req, step, seed, temperature, top_k, top_p):
         run.rngs[seq] = np.random.default_rng([seed, req.id, j])
         run.tokens[seq] = [int(sample(row, run.rngs[seq], temperature, top_k, top_p))]
     return run
+
+
+def _retire(cache, running, outputs):
+    """Free the blocks of every request whose sequences are all done; record its tokens."""
+    for r in list(running):
+        if all(len(t) >= r.request.max_new_tokens for t in r.tokens.values()):
+            for s in r.tokens:
+                cache.free_sequence(s)
+            outputs[r.request.id] = [np.array(r.tokens[(r.request.id, j)], np.int64)
+                                     for j in range(r.request.n)]
+            running.remove(r)
 
 
 def _make_room(cache, running, live, waiting, log):

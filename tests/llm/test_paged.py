@@ -170,6 +170,20 @@ def test_serving_request_traces_frees_everything_and_matches_contiguous(reqs, bl
         assert all(np.array_equal(a, b) for a, b in zip(out_p[r.id], out_c[r.id]))
 
 
+def test_a_request_done_at_its_prefill_frees_its_blocks_before_anyone_is_preempted():
+    """Request 0 needs one new token (sampled by its prefill); request 1's three samples then
+    need a block each. Its 3 blocks are free once request 0 is retired, so nobody is preempted
+    (a server retiring only at the step's end preempted request 1 and recomputed it)."""
+    cfg = llm.GPTConfig(vocab_size=11, context=32, layers=1, dim=8, heads=2)
+    model = _MICRO.setdefault("model", llm.GPT(cfg, seed=3).eval())
+    rs = [llm.Request(0, np.arange(9) % 11, 1), llm.Request(1, np.arange(1), 2, n=3)]
+    cache = _CheckedPaged(cfg, num_blocks=6, block_size=4)
+    out, log = llm.serve(model, rs, cache, max_batch=8, seed=1, watermark=0)
+    assert log["preemptions"] == 0 and log["admitted"][0] == [0, 1]
+    assert [len(t) for t in out[0]] == [1] and [len(t) for t in out[1]] == [2] * 3
+    assert cache.allocator.num_free == 6
+
+
 _MICRO = {}
 
 
