@@ -87,7 +87,7 @@ def serve(model, requests, cache, max_batch=8, temperature=1.0, top_k=None, top_
             _retire(cache, running, outputs)  # done at its prefill: its blocks free now
             live = [(r, s) for r in running for s, toks in r.tokens.items()
                     if len(toks) < r.request.max_new_tokens]
-            if live and paged:  # (may preempt every live sequence: none decodes this step)
+            if live and paged:
                 live = _make_room(cache, running, live, waiting, log)
             if live:
                 seqs = [s for _, s in live]

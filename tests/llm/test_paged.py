@@ -147,8 +147,8 @@ requests = st.lists(st.tuples(st.integers(1, 12), st.integers(1, 8), st.integers
 
 @settings(max_examples=15, deadline=None)
 @given(requests, st.integers(6, 20))
-# a request already done at its prefill keeps its blocks while the other is preempted: no
-# sequence is left to decode in that step (the server once called the model on none)
+# a request done at its prefill: the server once kept its blocks to the step's end, preempted
+# the other request and then called the model on no sequence at all
 @example([(9, 1, 1, 0), (1, 2, 3, 0)], 6)
 def test_serving_request_traces_frees_everything_and_matches_contiguous(reqs, blocks):
     """Over request traces (prompt length, new tokens, parallel samples, arrival) and pool
